@@ -1,0 +1,99 @@
+"""A hard cap on the bytes ONNX Runtime may allocate for training, split from one budget.
+
+Where ORT 1.19.2's training API puts its bytes (measured, see docs/concepts.md):
+  * checkpoint tensors (trainable and frozen parameters): one private BFC arena per tensor,
+    created when the checkpoint loads, outside any arena we can configure; each tensor takes
+    exactly one chunk of its size rounded up to 256 bytes. Their size is fixed and known from
+    the manifest before anything loads.
+  * gradients, optimizer moments, every activation and temporary of the training, eval and
+    optimizer graphs: the environment's shared arena, which we cap with `max_mem`.
+  * three scalars the API creates per run (lazy_reset_grad flag, learning rate, step):
+    one 256-byte chunk each, outside the arena.
+So the budget is split exactly: state bytes + scalar bytes are reserved up front, and the rest
+becomes the arena's hard limit. A budget below the fixed part fails before anything loads;
+an arena request past its limit fails inside ORT before the allocation happens.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ARENA_CHUNK_BYTES = 256  # BFCArena's kMinAllocationSize: every chunk is a multiple of this
+RUNTIME_SCALAR_CHUNKS = 3  # lazy_reset_grad (bool), learning_rate (float), step (int64)
+RUNTIME_SCALAR_BYTES = RUNTIME_SCALAR_CHUNKS * ARENA_CHUNK_BYTES
+
+
+def arena_rounded(nbytes: int) -> int:
+    """Bytes a BFC arena chunk takes for a request of `nbytes` (at least one 256-byte chunk)."""
+    return max(ARENA_CHUNK_BYTES, -(-nbytes // ARENA_CHUNK_BYTES) * ARENA_CHUNK_BYTES)
+
+
+class BudgetError(RuntimeError):
+    """The training working set does not fit the device's RAM budget."""
+
+    def __init__(self, message: str, budget_bytes: int, needed_bytes: int | None):
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.needed_bytes = needed_bytes
+
+
+FIXES = ("a smaller --micro-batch (gradients accumulate to the same effective batch), "
+         "a recompute plan or sparsity at export, a narrower model (--width), "
+         "or a device profile with more RAM")
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    budget_bytes: int
+    state_bytes: int  # checkpoint tensors, each rounded to its arena chunk
+    scalar_bytes: int  # the API's per-run scalars
+    arena_cap_bytes: int  # hard limit handed to the env arena
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, state_bytes: int) -> "BudgetSplit":
+        if budget_bytes <= 0:
+            raise BudgetError(f"budget must be a positive number of bytes, got {budget_bytes}; "
+                              "pass e.g. --budget 16MB or --device NAME", budget_bytes, None)
+        fixed = state_bytes + RUNTIME_SCALAR_BYTES
+        if budget_bytes <= fixed:
+            raise BudgetError(
+                f"budget of {budget_bytes} bytes is below the model's parameters alone "
+                f"({state_bytes} bytes, plus {RUNTIME_SCALAR_BYTES} of runtime scalars); "
+                f"no step can run. Try {FIXES}.", budget_bytes, fixed + ARENA_CHUNK_BYTES)
+        return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, budget_bytes - fixed)
+
+
+def install_arena(ort, cap_bytes: int | None) -> None:
+    """Register the env arena that every training session in this process allocates from.
+
+    cap_bytes None means no limit (measurement). Must be called once, before any session.
+    `arena_extend_strategy` 1 (kSameAsRequested) grows the arena by exactly what is asked,
+    so its size is the true high-water mark, not a power-of-two overshoot.
+    """
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                             ort.OrtMemType.DEFAULT)
+    cfg = {"arena_extend_strategy": 1}
+    if cap_bytes is not None:
+        cfg["max_mem"] = int(cap_bytes)
+    ort.create_and_register_allocator(info, ort.OrtArenaCfg(cfg))
+
+
+_ARENA_FAIL = re.compile(r"Available memory of (\d+) is smaller than requested bytes of (\d+)")
+
+
+def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> BudgetError | None:
+    """Turn ORT's arena-exhausted error into a BudgetError naming the bytes; None if unrelated."""
+    m = _ARENA_FAIL.search(str(exc))
+    if not m:
+        return None
+    available, requested = int(m.group(1)), int(m.group(2))
+    needed = split.budget_bytes + requested - available
+    return BudgetError(
+        f"{what} needs more memory than the budget: it asked the runtime for {requested} bytes "
+        f"with {available} left of the {split.arena_cap_bytes}-byte working-set cap "
+        f"(budget {split.budget_bytes} bytes = {split.state_bytes} parameters + "
+        f"{split.scalar_bytes} runtime scalars + {split.arena_cap_bytes} for gradients, "
+        f"optimizer state and activations). It needs at least {needed} bytes; "
+        f"`edgetrain measure` gives the exact peak. Try {FIXES}. "
+        "Nothing was written: saved checkpoints are untouched.",
+        split.budget_bytes, needed)

@@ -1,0 +1,203 @@
+"""Measure a training cycle's peak bytes with ONNX Runtime's own allocator.
+
+A fresh, torch-free child process (`python -m device_sim.measure ARTIFACT ...`) replays the
+personalisation cycle at the given micro-batch on random data: load, preflight, an eval batch,
+optimizer steps, a checkpoint write, an eval batch, the inference export and an inference
+batch. ORT's arena logs every time an arena grows ("Extending BFCArena ... rounded_bytes:R",
+"Extended allocation by E bytes.", "Total allocated bytes: T"); the parent reads that log.
+
+  * env arena (capped; gradients, optimizer state, activations and temporaries): it grows by
+    exactly what is requested (arena_extend_strategy 1) and never shrinks, so its final total is
+    its high-water mark. Its growth is attributed to the phase in which it happened.
+  * other arenas (checkpoint tensors, the API's scalars): one allocation each, counted at the
+    chunk size requested (R).
+peak_bytes = env arena total + other arenas' chunks: every byte of the training working set
+that ORT allocates. Not counted: the Python interpreter, numpy batches, ORT's code and graph
+structures (process RSS is reported beside it as `process_peak_rss_bytes`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MARK = "EDGETRAIN-PHASE "
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+_EXTENDING = re.compile(r"Extending BFCArena for \w+\. .*rounded_bytes:(\d+)")
+_EXTENDED = re.compile(r"Extended allocation by (\d+) bytes\.")
+_TOTAL = re.compile(r"Total allocated bytes: (\d+)")
+_RESERVE = re.compile(r"Reserving memory in BFCArena for \w+ size: (\d+)")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    peak_bytes: int
+    arena_bytes: int  # the capped env arena's high-water mark
+    outside_arena_bytes: int  # checkpoint tensors and API scalars
+    breakdown: dict  # category -> bytes; sums to peak_bytes
+    batch: int
+    step_time_s: float  # median wall time of one optimizer step of `accumulation` micro-batches
+    process_peak_rss_bytes: int
+    torch_loaded: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_arena_log(text: str) -> tuple[int, int, dict]:
+    """Arena log with phase marks -> (env arena bytes, outside bytes, bytes per category)."""
+    phase = "other"
+    per = {c: 0 for c in CATEGORIES}
+    env_total = 0
+    pending_reserve = 0
+    outside = 0
+    rounded = None
+    extended = None
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            phase = line[len(MARK):].strip()
+            continue
+        if m := _RESERVE.search(line):
+            # Session initializers (constants of the graphs) reserved in the env arena.
+            pending_reserve += int(m.group(1))
+            per["other"] += int(m.group(1))
+        elif m := _EXTENDING.search(line):
+            rounded = int(m.group(1))
+        elif m := _EXTENDED.search(line):
+            extended = int(m.group(1))
+        elif (m := _TOTAL.search(line)) and extended is not None:
+            total = int(m.group(1))
+            # Checkpoint tensors load before any session exists, so nothing in that phase is
+            # the env arena; later, only the env arena continues the env arena's total.
+            if phase != "parameters" and total - extended == env_total + pending_reserve:
+                env_total, pending_reserve = total, 0
+                per[_category(phase)] += extended
+            else:  # a private arena (a checkpoint tensor or an API scalar): one chunk in use
+                assert rounded is not None, "arena log out of order"
+                outside += rounded
+                per["parameters" if phase == "parameters" else "other"] += rounded
+            rounded = extended = None
+    env_total += pending_reserve
+    return env_total, outside, per
+
+
+def _category(phase: str) -> str:
+    if phase in ("gradients", "optimizer_state"):
+        return phase
+    if phase in ("preflight", "eval", "train", "inference"):
+        return "activations"
+    return "other"
+
+
+def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,
+            accumulation: int = 1, steps: int = 3, threads: int | None = None,
+            timeout_s: float = 1800) -> Measurement:
+    """Run the probe in a child process and read its allocator log. Raises BudgetError."""
+    from device_sim.cap import BudgetError
+
+    if batch <= 0:
+        raise ValueError(f"batch must be a positive number of samples, got {batch}")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "ort.log"
+        cmd = [sys.executable, "-m", "device_sim.measure", str(artifact), str(batch),
+               str(budget_bytes or 0), str(accumulation), str(steps), str(threads or 0), tmp]
+        with open(log, "wb") as f:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, timeout=timeout_s)
+        text = log.read_text(errors="replace")
+        result_path = Path(tmp) / "probe.json"
+        if proc.returncode != 0 or not result_path.exists():
+            err = Path(tmp) / "error.json"
+            if err.exists():
+                e = json.loads(err.read_text())
+                if e["kind"] == "BudgetError":
+                    raise BudgetError(e["message"], e["budget_bytes"], e["needed_bytes"])
+                raise RuntimeError(e["message"])
+            tail = "\n".join(text.splitlines()[-5:])
+            raise RuntimeError(f"measurement process failed (exit {proc.returncode}):\n{tail}")
+        probe = json.loads(result_path.read_text())
+    arena, outside, per = parse_arena_log(text)
+    return Measurement(peak_bytes=arena + outside, arena_bytes=arena,
+                       outside_arena_bytes=outside, breakdown=per, batch=batch,
+                       step_time_s=probe["step_time_s"],
+                       process_peak_rss_bytes=probe["peak_rss_bytes"],
+                       torch_loaded=probe["torch_loaded"])
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int,
+           threads: int, tmp: str) -> None:
+    """Child process: replay the personalisation cycle with phase marks on stderr."""
+    import numpy as np
+
+    from device_sim.cap import BudgetError
+    from edgetrain.ort_device import onnxruntime
+
+    ort = onnxruntime()
+    ort.set_default_logger_severity(1)  # INFO: the arena's growth lines
+
+    def mark(name: str) -> None:
+        sys.stderr.write(f"\n{MARK}{name}\n")
+        sys.stderr.flush()
+
+    from edgetrain.runtime import DeviceRuntime
+
+    try:
+        rt = DeviceRuntime(artifact, budget_bytes=budget or None, threads=threads or None,
+                           on_phase=mark)
+        rt.set_micro_batch(batch)
+        m = rt.manifest
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((batch, *m.input.sample_shape)).astype(np.float32)
+        y = rng.integers(0, m.num_classes, batch)
+        mark("preflight")
+        rt.preflight()
+        mark("eval")
+        rt.eval_logits(x)
+        mark("train")
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            for _ in range(accumulation):
+                rt.train_micro_batch(x, y)
+            rt.optimizer_step(1.0 / accumulation)
+            times.append(time.perf_counter() - t0)
+        mark("other")
+        rt.save_checkpoint(Path(tmp) / "checkpoint")
+        mark("eval")
+        rt.eval_logits(x)
+        mark("other")
+        path = rt.export_inference(Path(tmp) / "inference.onnx")
+        mark("inference")
+        rt.inference_logits(path, x)
+        mark("end")
+    except BudgetError as e:
+        Path(tmp, "error.json").write_text(json.dumps(
+            {"kind": "BudgetError", "message": str(e), "budget_bytes": e.budget_bytes,
+             "needed_bytes": e.needed_bytes}))
+        sys.exit(3)
+    except Exception as e:  # reported to the parent, which re-raises it
+        Path(tmp, "error.json").write_text(json.dumps({"kind": type(e).__name__,
+                                                       "message": str(e)}))
+        sys.exit(4)
+    torch_loaded = sys.modules.get("torch") is not None
+    Path(tmp, "probe.json").write_text(json.dumps({
+        "step_time_s": float(np.median(times)), "peak_rss_bytes": _peak_rss_bytes(),
+        "torch_loaded": torch_loaded}))
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    _probe(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6])

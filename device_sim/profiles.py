@@ -1,0 +1,59 @@
+"""Device profiles: how many bytes a training working set may take on each class of wearable.
+
+`ram_budget_bytes` is the share of the device's RAM we allow the training working set
+(parameters, gradients, optimizer state, activations, runtime scratch), not the chip's total.
+Sources and reasoning for each figure are in docs/devices.md; keep the two in step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    ram_budget_bytes: int
+    total_ram_bytes: int
+    description: str
+    source: str
+
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
+    DeviceProfile(
+        name="mcu-2mb", ram_budget_bytes=2 * MiB, total_ram_bytes=2 * MiB + 768 * 1024,
+        description="Wearable microcontroller band (Ambiq Apollo4-class: 2.75 MB SRAM); "
+                    "about 2 MB left for training after firmware and sensor buffers",
+        source="Ambiq Apollo4 Plus datasheet: 2 MB MRAM, 2.75 MB SRAM"),
+    DeviceProfile(
+        name="mcu-8mb", ram_budget_bytes=8 * MiB, total_ram_bytes=16 * MiB,
+        description="Fitness-watch SoC with external PSRAM (16 MB); half for training",
+        source="Typical RTOS smartwatch SoCs pair an MCU with 8-16 MB PSRAM "
+               "(e.g. Espressif ESP32-S3 modules with 8/16 MB PSRAM)"),
+    DeviceProfile(
+        name="watchos-extension", ram_budget_bytes=15 * MiB, total_ram_bytes=1024 * MiB,
+        description="A watchOS app extension / background task: the OS kills extensions "
+                    "that grow past roughly 15 MB",
+        source="Apple Developer Forums reports of watchOS extension memory limits (~15 MB); "
+               "the limit is not published by Apple and varies by model and OS version"),
+    DeviceProfile(
+        name="watch-app-low", ram_budget_bytes=64 * MiB, total_ram_bytes=1024 * MiB,
+        description="Foreground app on a 1 GB Wear OS / watchOS watch, sharing RAM with the OS "
+                    "and other apps; 64 MB for training",
+        source="Apple Watch Series 6-8 and most Wear OS 3 watches ship 1 GB RAM "
+               "(vendor spec sheets); Android low-RAM guidance keeps per-app use well under "
+               "10% of RAM"),
+    DeviceProfile(
+        name="watch-app-high", ram_budget_bytes=256 * MiB, total_ram_bytes=2048 * MiB,
+        description="Foreground app on a 2 GB watch (Pixel Watch 2/3, Galaxy Watch 5 Pro); "
+                    "256 MB for training",
+        source="Google Pixel Watch 2 and Samsung Galaxy Watch5 Pro spec sheets: 2 GB RAM"),
+]}
+
+
+def get_profile(name: str) -> DeviceProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown device profile {name!r}; choose one of {sorted(PROFILES)} "
+                         "(`edgetrain devices` lists them)")
+    return PROFILES[name]

@@ -1,0 +1,240 @@
+"""The `edgetrain` command line: each command parses, calls one tested function, prints.
+
+`export` is the host side (it imports torch); `personalise` and `measure` are the device side
+and never load torch. Byte sizes such as "15MB" or "8MiB" are parsed here and nowhere else.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import click
+
+from device_sim.cap import BudgetError
+from device_sim.profiles import PROFILES, get_profile
+from edgetrain.data import DataError
+from edgetrain.manifest import ArtifactError
+
+EXIT_BAD_INPUT = 2
+EXIT_BUDGET = 3
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """'8692224', '15MB' (10^6), '15MiB' (2^20), '1.5GiB' -> bytes."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"{text!r} is not a byte size; write e.g. 8692224, 15MB or 16MiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class Bytes(click.ParamType):
+    name = "BYTES"
+
+    def convert(self, value, param, ctx):
+        return value if isinstance(value, int) else parse_bytes(value)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _budget(device: str | None, budget: int | None) -> tuple[str | None, int | None]:
+    if device and budget is not None:
+        raise click.UsageError("give --device or --budget, not both")
+    if device:
+        return device, get_profile(device).ram_budget_bytes
+    return None, budget
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n:,} bytes ({n / 2**20:.2f} MiB)"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """On-device training for wearables: export, personalise and measure under a RAM budget."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def devices(as_json):
+    """List the device profiles and their RAM budgets for training."""
+    if as_json:
+        click.echo(json.dumps({n: vars(p) for n, p in PROFILES.items()}, indent=2))
+        return
+    for p in PROFILES.values():
+        click.echo(f"{p.name:18s} {p.ram_budget_bytes / 2**20:8.1f} MiB  {p.description}")
+
+
+@main.command()
+@click.option("--model", "model_name", required=True, help="Network name: patch_mobilenet, mobilenet_v1.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Artifact folder.")
+@click.option("--width", type=float, default=None, help="Width multiplier (default per network).")
+@click.option("--holdout-user", type=int, default=10, show_default=True,
+              help="Subject left out of population pretraining (personalise on this one).")
+@click.option("--micro-batch", type=int, default=8, show_default=True)
+@click.option("--accumulate", type=int, default=1, show_default=True,
+              help="Micro-batches summed per optimizer step.")
+@click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="On-device learning rate.")
+@click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
+@click.option("--json", "as_json", is_flag=True)
+def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs, lr, no_cache,
+           as_json):
+    """Pretrain a population model (cached) and export it as an artifact folder."""
+    from pathlib import Path
+
+    import torch
+
+    import onnxruntime
+
+    from edgetrain.manifest import Plan
+    from exporters.pretrain import PretrainConfig, export_named
+
+    onnxruntime.set_default_logger_severity(3)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    try:
+        cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
+                             epochs=epochs)
+        m = export_named(cfg, out, Plan(micro_batch=micro_batch, accumulation_steps=accumulate),
+                         lr=lr, cache_dir=None if no_cache else Path(".cache/pretrain"),
+                         show_progress=not as_json)
+    except (ValueError, DataError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps(m.to_dict(), indent=2))
+        return
+    click.echo(f"exported {m.model} to {out}: {len(m.trainable)} trainable tensors "
+               f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
+    click.echo(f"predicted peak at micro-batch {m.predicted['batch']} (a prediction): "
+               f"{_mib(m.predicted['peak_bytes'])}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10).")
+@click.option("--data", "data_file", type=click.Path(), help="Your windows: .npz with x and y.")
+@click.option("--test", "test_file", type=click.Path(), help="Optional .npz test set for --data.")
+@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
+@click.option("--budget", type=Bytes(), help="RAM budget for training, e.g. 15MB or 8692224.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder.")
+@click.option("--epochs", type=int, default=2, show_default=True)
+@click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
+@click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
+@click.option("--json", "as_json", is_flag=True)
+def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
+                micro_batch, accumulate, seed, threads, as_json):
+    """Train an artifact on one user's data inside a device's memory budget."""
+    from edgetrain.personalise import TrainConfig
+    from edgetrain.personalise import personalise as run
+    from edgetrain.userdata import user_data
+
+    if (user is None) == (data_file is None):
+        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
+    if device is None and budget is None:
+        raise click.UsageError("give --device NAME or --budget BYTES: personalisation always "
+                               "runs inside a memory budget (`edgetrain devices` lists profiles)")
+    device, budget_bytes = _budget(device, budget)
+    try:
+        train, test = user_data(artifact, user, data_file, test_file)
+        cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
+                          accumulation_steps=accumulate, seed=seed)
+        with _progress(not as_json) as progress:
+            r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
+                    threads=threads)
+    except BudgetError as e:
+        _fail(str(e), EXIT_BUDGET)
+    except (ArtifactError, DataError, ValueError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {_mib(budget_bytes)}")
+    click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
+               f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
+    if r.accuracy_before is not None:
+        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}")
+        click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
+                   "of test samples")
+    click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--batch", type=int, required=True, help="Micro-batch (samples per step).")
+@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Run capped at this profile.")
+@click.option("--budget", type=Bytes(), help="Run capped at this many bytes.")
+@click.option("--accumulate", type=int, default=1, show_default=True)
+@click.option("--steps", type=int, default=3, show_default=True, help="Timed optimizer steps.")
+@click.option("--threads", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json):
+    """Measure the peak bytes of training, from the runtime's own allocator."""
+    from device_sim.measure import measure as run
+    from edgetrain.manifest import load_manifest
+    from edgetrain.predicted import predicted_for_batch
+
+    device, budget_bytes = _budget(device, budget)
+    try:
+        manifest = load_manifest(artifact)
+        r = run(artifact, batch, budget_bytes, accumulate, steps, threads)
+    except BudgetError as e:
+        _fail(str(e), EXIT_BUDGET)
+    except (ArtifactError, ValueError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    pred = predicted_for_batch(manifest, batch)
+    doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
+           **r.to_dict(), "predicted_peak_bytes": pred["peak_bytes"],
+           "predicted_breakdown": pred["breakdown"],
+           "covers": "every byte ONNX Runtime allocates for the training working set: "
+                     "parameters, gradients, optimizer state, activations and temporaries, "
+                     "runtime scalars; not the interpreter or input batches (see "
+                     "process_peak_rss_bytes)"}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"device: {device or 'uncapped'}  budget: {_mib(budget_bytes)}")
+    click.echo(f"measured peak at batch {batch}: {_mib(r.peak_bytes)}"
+               + ("" if budget_bytes is None else
+                  f"  ({'within' if r.peak_bytes <= budget_bytes else 'OVER'} budget)"))
+    for k, v in r.breakdown.items():
+        click.echo(f"  {k:16s} {v:>14,}   predicted {pred['breakdown'][k]:>14,}")
+    click.echo(f"predicted peak (static, coarse): {_mib(pred['peak_bytes'])}")
+    click.echo(f"step time on this machine: {r.step_time_s * 1e3:.1f} ms; "
+               f"process peak RSS {_mib(r.process_peak_rss_bytes)}; torch loaded: {r.torch_loaded}")
+
+
+class _progress:
+    """A tqdm bar on stderr for long work, or nothing."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from tqdm import tqdm
+
+        def update(done: int, total: int) -> None:
+            if self.bar is None:
+                self.bar = tqdm(total=total, desc="personalise", unit="step", file=sys.stderr,
+                                disable=None, mininterval=1.0)
+            self.bar.n = done
+            self.bar.refresh()
+        return update
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        return False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""The artifact contract: a frozen, versioned manifest between exporter and runtime.
+
+An artifact folder holds ONNX Runtime's training, eval and optimizer graphs, its checkpoint,
+and `manifest.json`. The runtime reads only what the manifest names and refuses any file whose
+size or sha256 differs from it. Every field is documented in docs/artifact-format.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+# The roles the runtime needs; the file names behind them come from the manifest only.
+FILE_ROLES = ("training_model", "eval_model", "optimizer_model", "checkpoint")
+
+
+class ArtifactError(ValueError):
+    """The artifact folder is missing, malformed, tampered with or of another schema version."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # PyTorch fully-qualified name, e.g. "features.0.conv.weight"
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name, e.g. "float32"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What one sample given to the runtime looks like (the leading batch axis is implicit)."""
+
+    name: str  # graph input name
+    sample_shape: tuple[int, ...]  # shape of one model input, e.g. (3, 32, 32) for a patch
+    dtype: str
+    label_name: str  # graph input name of the labels
+    # One whole sample before patching, e.g. (3, 224, 224); equals sample_shape without patching.
+    image_shape: tuple[int, ...]
+    # How a user's `x` array is turned into images, applied on device:
+    #   "none": x is [N, *image_shape] already
+    #   "imu_gasf": x is [N, window_samples, 6] raw IMU windows (see edgetrain/data.py)
+    preprocess: str = "none"
+    preprocess_args: dict = field(default_factory=dict)
+
+    def data_shape(self) -> tuple[int, ...]:
+        """Per-sample shape of the `x` array a user supplies."""
+        if self.preprocess == "none":
+            return self.image_shape
+        if self.preprocess == "imu_gasf":
+            return (int(self.preprocess_args["window_samples"]), 6)
+        raise ArtifactError(f"unknown preprocess {self.preprocess!r}; this runtime knows "
+                            "'none' and 'imu_gasf'")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Memory plan carried by the artifact. Patch size 0 means the model sees whole images."""
+
+    micro_batch: int = 8  # samples per forward/backward call
+    accumulation_steps: int = 1  # micro-batches summed per optimizer step
+    patch_size: int = 0
+    recompute: str = "none"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the artifact folder, no directories
+    size_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    schema_version: int
+    model: str
+    files: dict[str, FileEntry]  # role -> file
+    input: InputSpec
+    classes: tuple[str, ...]
+    trainable: tuple[TensorSpec, ...]
+    frozen: tuple[TensorSpec, ...]
+    plan: Plan
+    optimizer: dict  # {"type": "AdamW", "lr": ..., "weight_decay": ..., "eps": ...}
+    predicted: dict  # {"batch": B, "peak_bytes": ..., "breakdown": {...}} (a prediction)
+    provenance: dict  # population subjects, pretraining summary, versions
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ArtifactError(f"manifest must be a JSON object, got {type(d).__name__}")
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ArtifactError(
+                f"manifest schema_version is {version!r}, this runtime reads {SCHEMA_VERSION}; "
+                "re-export the artifact with this version of edgetrain")
+        try:
+            inp = dict(d["input"])
+            inp["sample_shape"] = tuple(inp["sample_shape"])
+            inp["image_shape"] = tuple(inp["image_shape"])
+            return cls(
+                schema_version=version,
+                model=str(d["model"]),
+                files={role: FileEntry(**f) for role, f in d["files"].items()},
+                input=InputSpec(**inp),
+                classes=tuple(d["classes"]),
+                trainable=tuple(_tensor(t) for t in d["trainable"]),
+                frozen=tuple(_tensor(t) for t in d["frozen"]),
+                plan=Plan(**d["plan"]),
+                optimizer=dict(d["optimizer"]),
+                predicted=dict(d["predicted"]),
+                provenance=dict(d["provenance"]),
+            )
+        except (KeyError, TypeError) as e:
+            raise ArtifactError(f"manifest is missing or has a malformed field: {e}; "
+                                "re-export the artifact") from e
+
+    def write(self, folder: Path) -> Path:
+        path = Path(folder) / MANIFEST_NAME
+        atomic_write_bytes(path, json.dumps(self.to_dict(), indent=2).encode())
+        return path
+
+    # ---- derived figures -----------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def trainable_bytes(self) -> int:
+        return sum(t.nbytes for t in self.trainable)
+
+    @property
+    def frozen_bytes(self) -> int:
+        return sum(t.nbytes for t in self.frozen)
+
+
+def _tensor(t: dict) -> TensorSpec:
+    return TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"])
+
+
+def _itemsize(dtype: str) -> int:
+    sizes = {"float32": 4, "float64": 8, "float16": 2, "int64": 8, "int32": 4, "int8": 1,
+             "uint8": 1, "bool": 1}
+    if dtype not in sizes:
+        raise ArtifactError(f"unsupported tensor dtype {dtype!r}")
+    return sizes[dtype]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(folder: Path, name: str) -> FileEntry:
+    p = Path(folder) / name
+    return FileEntry(path=name, size_bytes=p.stat().st_size, sha256=sha256_file(p))
+
+
+def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
+    """Read and (by default) verify an artifact folder. Raises ArtifactError with the fix."""
+    folder = Path(folder)
+    path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise ArtifactError(f"artifact folder {str(folder)!r} does not exist; "
+                            "create one with `edgetrain export --out DIR`")
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing: {folder} is not an edgetrain artifact; "
+                            "create one with `edgetrain export --out DIR`")
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is not valid JSON ({e}); re-export the artifact") from e
+    m = Manifest.from_dict(d)
+    missing = [r for r in FILE_ROLES if r not in m.files]
+    if missing:
+        raise ArtifactError(f"manifest names no file for {missing}; re-export the artifact")
+    if verify:
+        verify_files(folder, m)
+    return m
+
+
+def verify_files(folder: Path, m: Manifest) -> None:
+    for role, entry in m.files.items():
+        if os.path.basename(entry.path) != entry.path or entry.path in ("", ".", ".."):
+            raise ArtifactError(f"manifest file {entry.path!r} for {role} is not a plain file name "
+                                "inside the artifact folder; the artifact is refused")
+        p = folder / entry.path
+        if not p.is_file():
+            raise ArtifactError(f"{role} file {p} is missing; copy the whole artifact folder again")
+        size = p.stat().st_size
+        if size != entry.size_bytes:
+            raise ArtifactError(f"{role} file {p} is {size} bytes, the manifest says "
+                                f"{entry.size_bytes}: truncated or replaced; copy the artifact again")
+        digest = sha256_file(p)
+        if digest != entry.sha256:
+            raise ArtifactError(f"{role} file {p} has sha256 {digest[:16]}…, the manifest says "
+                                f"{entry.sha256[:16]}…: the file was modified; copy the artifact again")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves either the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

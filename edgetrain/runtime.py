@@ -1,0 +1,230 @@
+"""The on-device runtime: one ONNX Runtime training session over a verified artifact.
+
+Lifecycle: open (verify, split the budget, cap the arena, load) -> preflight (one
+forward/backward at the real batch shape, so a budget that is too small fails at once and
+changes nothing) -> train_micro_batch ... optimizer_step -> eval_logits -> save_checkpoint /
+export_inference. Runs in a process without torch (see ort_device.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device_sim.cap import BudgetError, BudgetSplit, arena_rounded, budget_error_from, install_arena
+from edgetrain.manifest import ArtifactError, Manifest, load_manifest
+from edgetrain.ort_device import onnxruntime, training_api
+
+_OPENED = False  # the env arena is per process: one runtime per process
+
+
+@dataclass(frozen=True)
+class StateSummary:
+    state_bytes: int  # checkpoint tensors as the runtime holds them (arena-rounded)
+    trainable_bytes: int  # raw bytes of trainable tensors
+
+
+def state_bytes_of(manifest: Manifest) -> int:
+    """Bytes the checkpoint tensors occupy once loaded: one arena chunk per tensor."""
+    return sum(arena_rounded(t.nbytes) for t in manifest.trainable + manifest.frozen)
+
+
+class DeviceRuntime:
+    def __init__(self, folder: str | os.PathLike, budget_bytes: int | None = None,
+                 threads: int | None = None, checkpoint: str | os.PathLike | None = None,
+                 on_phase=None):
+        global _OPENED
+        if _OPENED:
+            raise RuntimeError("one DeviceRuntime per process: the memory cap is process-wide")
+        self.folder = Path(folder)
+        self.manifest = load_manifest(self.folder)  # verifies sizes and hashes
+        m = self.manifest
+        self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m))
+                      if budget_bytes is not None else None)
+        api = training_api()
+        ort = onnxruntime()
+        self._ort = ort
+        install_arena(ort, self.split.arena_cap_bytes if self.split else None)
+        _OPENED = True
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.use_env_allocators", "1")
+        so.log_severity_level = int(os.environ.get("EDGETRAIN_ORT_LOG_LEVEL", "3"))
+        if threads:
+            so.intra_op_num_threads = threads
+        files = {role: str(self.folder / e.path) for role, e in m.files.items()}
+        ckpt = str(checkpoint) if checkpoint is not None else files["checkpoint"]
+        phase = on_phase or (lambda name: None)  # measurement marks where bytes go
+        try:
+            phase("parameters")
+            self.state = api.CheckpointState.load_checkpoint(ckpt)
+            self._check_state()
+            phase("gradients")
+            self.module = api.Module(files["training_model"], self.state, files["eval_model"],
+                                     session_options=so)
+            phase("optimizer_state")
+            self.optimizer = api.Optimizer(files["optimizer_model"], self.module)
+        except RuntimeError as e:
+            raise self._translate(e, "loading the artifact") from e
+        self.optimizer.set_learning_rate(float(m.optimizer["lr"]))
+        self.micro_batch = m.plan.micro_batch
+        self._label_dtype = np.int64
+        self._infer = None  # (path, InferenceSession) of the last exported inference model
+
+    # ---- checks ------------------------------------------------------------------------------
+    def _check_state(self) -> None:
+        params = self.state.parameters
+        for spec in self.manifest.trainable + self.manifest.frozen:
+            if spec.name not in params:
+                raise ArtifactError(f"checkpoint has no tensor {spec.name!r} that the manifest "
+                                    "lists; the checkpoint belongs to another artifact")
+            arr = params[spec.name].data
+            if tuple(arr.shape) != spec.shape or str(arr.dtype) != spec.dtype:
+                raise ArtifactError(
+                    f"checkpoint tensor {spec.name!r} is {arr.dtype}{list(arr.shape)}, the "
+                    f"manifest says {spec.dtype}{list(spec.shape)}; the checkpoint belongs to "
+                    "another artifact")
+
+    def _translate(self, e: RuntimeError, what: str) -> Exception:
+        if self.split is not None:
+            err = budget_error_from(e, self.split, what)
+            if err is not None:
+                return err
+        return e
+
+    def set_micro_batch(self, b: int) -> None:
+        if b <= 0:
+            raise ValueError(f"micro-batch must be a positive number of samples, got {b}")
+        self.micro_batch = b
+
+    # ---- training ----------------------------------------------------------------------------
+    def _run(self, x: np.ndarray, y: np.ndarray, what: str):
+        try:
+            return self.module(np.ascontiguousarray(x, np.float32),
+                               np.ascontiguousarray(y, self._label_dtype))
+        except RuntimeError as e:
+            raise self._translate(e, what) from e
+
+    def preflight(self) -> None:
+        """Run one forward/backward at the micro-batch shape on zeros, then undo its effects.
+
+        A budget too small for training fails here, before any data is touched or any
+        checkpoint written. Gradients are reset; BatchNorm running statistics, which a
+        training-mode forward updates in place, are restored.
+        """
+        frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
+        b = self.micro_batch
+        x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
+        self.module.train()
+        self._run(x, np.zeros(b, np.int64), f"a training step at micro-batch {b}")
+        self.module.lazy_reset_grad()
+        for name, value in frozen.items():
+            self.state.parameters[name].data[...] = value
+
+    def train_micro_batch(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Forward and backward on one micro-batch; gradients add to those already held."""
+        self.module.train()
+        loss, _ = self._run(x, y, f"a training step at micro-batch {len(x)}")
+        return float(loss)
+
+    def optimizer_step(self, grad_scale: float = 1.0) -> None:
+        """Apply the summed gradients (times grad_scale), then start a fresh accumulation."""
+        if grad_scale != 1.0:
+            for t in self.manifest.trainable:
+                g = self.state.parameters[t.name].grad  # zero-copy view of ORT's buffer
+                g *= np.float32(grad_scale)
+        try:
+            self.optimizer.step()
+        except RuntimeError as e:
+            raise self._translate(e, "the optimizer step") from e
+        self.module.lazy_reset_grad()
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.optimizer.set_learning_rate(float(lr))
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def eval_logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits for x [N, *sample_shape], run in fixed micro-batches (the last one padded)."""
+        self.module.eval()
+        labels = np.zeros(self.micro_batch, np.int64)
+        return run_padded(lambda xb: self._run(xb, labels, f"an eval step at batch {len(xb)}")[1],
+                          x, self.micro_batch, self.manifest.num_classes)
+
+    def inference_logits(self, model_path: str | os.PathLike, x: np.ndarray) -> np.ndarray:
+        """Logits of an exported inference model, in a plain InferenceSession inside the cap."""
+        ort = self._ort
+        if self._infer is None or self._infer[0] != str(model_path):
+            so = ort.SessionOptions()
+            so.add_session_config_entry("session.use_env_allocators", "1")
+            so.log_severity_level = 3
+            self._infer = (str(model_path), ort.InferenceSession(
+                str(model_path), so, providers=["CPUExecutionProvider"]))
+        sess, name = self._infer[1], self.manifest.input.name
+        try:
+            return run_padded(lambda xb: sess.run(None, {name: xb})[0], x, self.micro_batch,
+                              self.manifest.num_classes)
+        except RuntimeError as e:
+            raise self._translate(e, "the inference model") from e
+
+    # ---- persistence -------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | os.PathLike) -> Path:
+        """Write parameters and optimizer state atomically: a crash leaves the old file."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            self._api().CheckpointState.save_checkpoint(self.state, str(tmp),
+                                                        include_optimizer_state=True)
+            _fsync_replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
+
+    def export_inference(self, path: str | os.PathLike) -> Path:
+        """Write an inference-only ONNX model (input -> logits) with the current weights."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            self.module.export_model_for_inferencing(str(tmp), ["logits"])
+            _fsync_replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
+
+    def _api(self):
+        return training_api()
+
+    def summary(self) -> StateSummary:
+        return StateSummary(state_bytes=state_bytes_of(self.manifest),
+                            trainable_bytes=self.manifest.trainable_bytes)
+
+
+def run_padded(fn, x: np.ndarray, batch: int, num_classes: int) -> np.ndarray:
+    """Apply fn to x in batches of exactly `batch` rows (the last padded with zeros).
+
+    A fixed shape keeps the runtime's memory plan, and so its peak, the same for every call.
+    """
+    out = []
+    for i in range(0, len(x), batch):
+        chunk = np.ascontiguousarray(x[i:i + batch], np.float32)
+        n = len(chunk)
+        if n < batch:
+            chunk = np.concatenate([chunk, np.zeros((batch - n, *chunk.shape[1:]), np.float32)])
+        out.append(np.array(fn(chunk)[:n]))
+    return np.concatenate(out) if out else np.zeros((0, num_classes), np.float32)
+
+
+def _fsync_replace(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["DeviceRuntime", "BudgetError", "state_bytes_of"]

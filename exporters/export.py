@@ -1,0 +1,126 @@
+"""torch.nn.Module -> edgetrain artifact (ORT training/eval/optimizer graphs, checkpoint, manifest).
+
+Works for any module built from operators the legacy ONNX exporter and ORT's gradient builder
+support. Fixes applied (shared/notes/ort-training.md):
+  * exporting in TRAINING mode runs the model once and moves BatchNorm running stats: the
+    original values are written back into the ONNX initializers before artifacts are built;
+  * the eval graph keeps BatchNormalization's training-only outputs, which ORT then refuses to
+    load: they are deleted.
+"""
+from __future__ import annotations
+
+import io
+import tempfile
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from onnx import numpy_helper
+
+from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
+from exporters.predict import predict_memory
+
+FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
+         "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
+INPUT_NAME, LOGITS_NAME, LABEL_NAME = "input", "logits", "labels"
+
+
+def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: str | Path, *,
+                    classes: list[str] | tuple[str, ...], trainable: list[str] | None = None,
+                    plan: Plan = Plan(), lr: float = 1e-3, model_name: str = "custom",
+                    image_shape: tuple[int, ...] | None = None, preprocess: str = "none",
+                    preprocess_args: dict | None = None, provenance: dict | None = None
+                    ) -> Manifest:
+    """Export `model` to an artifact folder `out` and return its manifest.
+
+    example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
+    trainable: fully-qualified parameter names to train (default: every parameter); all other
+    parameters and floating-point buffers are frozen.
+    """
+    from onnxruntime.training import artifacts  # host side only (imports torch)
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = dict(model.named_parameters())
+    trainable = list(params) if trainable is None else list(trainable)
+    unknown = [n for n in trainable if n not in params]
+    if unknown:
+        raise ValueError(f"trainable names {unknown} are not parameters of the model; "
+                         f"its parameters are {list(params)[:8]}…")
+    buffers = {n: b for n, b in model.named_buffers() if b.is_floating_point()}
+    frozen = [n for n in params if n not in trainable] + list(buffers)
+    saved = {n: t.detach().clone() for n, t in list(params.items()) + list(buffers.items())}
+
+    model = model.train()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():  # the legacy exporter is deliberate (ORT training needs it)
+        warnings.simplefilter("ignore")
+        _export(model, example_input, buf)
+    # The export ran the model in training mode; put every tensor back as it was.
+    with torch.no_grad():
+        for n, t in saved.items():
+            (params.get(n) if n in params else buffers[n]).copy_(t)
+    fwd = onnx.load_from_string(buf.getvalue())
+    inits = {i.name: i for i in fwd.graph.initializer}
+    missing = [n for n in trainable + frozen if n not in inits]
+    if missing:
+        raise ValueError(f"tensors {missing[:5]} did not survive ONNX export under their PyTorch "
+                         "names (the exporter folded or renamed them); export a module whose "
+                         "parameters are used directly by supported operators")
+    for n, t in saved.items():
+        inits[n].CopyFrom(numpy_helper.from_array(t.cpu().numpy(), n))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts.generate_artifacts(
+            fwd, requires_grad=trainable, frozen_params=frozen,
+            loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
+            artifact_directory=tmp, additional_output_names=[LOGITS_NAME])
+        for role, name in FILES.items():
+            (out / name).write_bytes((Path(tmp) / name).read_bytes())
+    _fix_eval_batchnorm(out / FILES["eval_model"])
+    optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
+
+    sample_shape = tuple(int(d) for d in example_input.shape[1:])
+    specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
+    trainable_specs = tuple(specs[n] for n in trainable)
+    frozen_specs = tuple(specs[n] for n in frozen)
+    predicted = predict_memory(model, example_input, trainable_specs, frozen_specs,
+                               plan.micro_batch)
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION, model=model_name,
+        files={role: file_entry(out, name) for role, name in FILES.items()},
+        input=InputSpec(name=INPUT_NAME, sample_shape=sample_shape, dtype="float32",
+                        label_name=LABEL_NAME,
+                        image_shape=tuple(image_shape) if image_shape else sample_shape,
+                        preprocess=preprocess, preprocess_args=dict(preprocess_args or {})),
+        classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
+        optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}))
+    manifest.write(out)
+    return manifest
+
+
+def _export(model: torch.nn.Module, example_input: torch.Tensor, buf: io.BytesIO) -> None:
+    torch.onnx.export(model, (example_input,), buf, input_names=[INPUT_NAME],
+                      output_names=[LOGITS_NAME],
+                      dynamic_axes={INPUT_NAME: {0: "batch"}, LOGITS_NAME: {0: "batch"}},
+                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, dynamo=False)
+
+
+def _fix_eval_batchnorm(path: Path) -> None:
+    m = onnx.load(str(path))
+    for node in m.graph.node:
+        if node.op_type == "BatchNormalization" and len(node.output) > 1:
+            del node.output[1:]
+    onnx.save(m, str(path))
+
+
+def _optimizer_settings(path: Path, lr: float) -> dict:
+    """Read the optimizer's hyper-parameters from its graph, so the manifest states the truth."""
+    m = onnx.load(str(path))
+    node = next(n for n in m.graph.node if n.op_type == "AdamWOptimizer")
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    return {"type": "AdamW", "lr": lr, "beta1": round(a["alpha"], 6),
+            "beta2": round(a["beta"], 6), "eps": a["epsilon"],
+            "weight_decay": a["weight_decay"]}

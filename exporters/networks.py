@@ -1,0 +1,91 @@
+"""The seed deck's networks (shared/seeds/002_*.txt, its layer tables), with a width multiplier.
+
+Each entry of NETWORKS builds a torch module and says what one input looks like. The CLI's
+`--model` names are keys of this registry; any other nn.Module goes through
+exporters.export.export_artifact directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def _ch(c: int, width: float) -> int:
+    return max(8, int(round(c * width)))
+
+
+class ConvBNReLU(nn.Sequential):
+    def __init__(self, cin: int, cout: int, k: int, stride: int, groups: int = 1):
+        super().__init__(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU(inplace=False))
+
+
+class DepthwiseSeparable(nn.Sequential):
+    """3x3 depthwise conv (stride s) then 1x1 pointwise conv, each with BN and ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.dw = ConvBNReLU(cin, cin, 3, stride, groups=cin)
+        self.pw = ConvBNReLU(cin, cout, 1, 1)
+
+
+class MobileNet(nn.Module):
+    """Stem conv, a stack of depthwise-separable blocks, global average pool, classifier."""
+
+    def __init__(self, stem_stride: int, blocks: list[tuple[int, int]], num_classes: int,
+                 width: float):
+        super().__init__()
+        c = _ch(32, width)
+        self.stem = ConvBNReLU(3, c, 3, stem_stride)
+        layers = []
+        for cout, stride in blocks:
+            layers.append(DepthwiseSeparable(c, _ch(cout, width), stride))
+            c = _ch(cout, width)
+        self.blocks = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, 3, H, W] -> [B, classes]
+        x = self.blocks(self.stem(x))
+        return self.classifier(x.mean(dim=(2, 3)))
+
+
+# (output channels, stride) of each depthwise-separable block, as in the deck's tables.
+MOBILENET_V1_BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
+                       (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
+PATCH_MOBILENET_BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
+                          (1024, 1), (1024, 1)]
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    build: Callable[[int, float], nn.Module]  # (num_classes, width) -> module
+    image_size: int  # the whole sample is 3 x image_size x image_size
+    patch_size: int  # 0: the network sees whole images
+    default_width: float
+    summary: str
+
+
+NETWORKS: dict[str, NetworkSpec] = {
+    "mobilenet_v1": NetworkSpec(
+        build=lambda k, w: MobileNet(2, MOBILENET_V1_BLOCKS, k, w),
+        image_size=224, patch_size=0, default_width=0.25,
+        summary="MobileNetV1 on 224x224x3 (deck C5), 13 depthwise-separable blocks"),
+    "patch_mobilenet": NetworkSpec(
+        build=lambda k, w: MobileNet(1, PATCH_MOBILENET_BLOCKS, k, w),
+        image_size=224, patch_size=32, default_width=0.25,
+        summary="MobileNet on 32x32x3 patches of the 224x224 image (deck C6), 8 blocks"),
+}
+
+
+def build_network(name: str, num_classes: int, width: float | None = None
+                  ) -> tuple[nn.Module, NetworkSpec]:
+    if name not in NETWORKS:
+        raise ValueError(f"unknown network {name!r}; choose one of {sorted(NETWORKS)}")
+    spec = NETWORKS[name]
+    w = spec.default_width if width is None else width
+    if not 0 < w <= 4:
+        raise ValueError(f"width multiplier {w} is out of range; use a value in (0, 4]")
+    return spec.build(num_classes, w), spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ class PersonaliseResult:
     checkpoint: str
     inference_model: str
     train_time_s: float
+    torch_loaded: bool  # the device process must never load torch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,6 +133,6 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         budget_bytes=budget_bytes, micro_batch=b, accumulation_steps=k, optimizer_steps=steps,
         train_items=len(feed), accuracy_before=before, accuracy_after=after,
         inference_agreement=agreement, checkpoint=str(ckpt), inference_model=str(infer_path),
-        train_time_s=round(train_time, 3))
+        train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None)
     atomic_write_bytes(out / "result.json", json.dumps(result.to_dict(), indent=2).encode())
     return result

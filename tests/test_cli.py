@@ -1,0 +1,124 @@
+"""The three workflows through the CLI, as a user runs them, and bad input refused clearly."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import cli, export_tiny, tiny_data
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    x, y = tiny_data(48, seed=1)
+    np.savez(d / "train.npz", x=x, y=y)
+    xt, yt = tiny_data(30, seed=2)
+    np.savez(d / "test.npz", x=xt, y=yt)
+    return d
+
+
+def test_custom_network_exported_in_python_personalises_from_npz(tmp_path, npz):
+    art = tmp_path / "custom"
+    export_tiny(art, micro_batch=8, lr=5e-2, seed=3)  # not a named network: the Python API
+    p = cli("personalise", art, "--data", npz / "train.npz", "--test", npz / "test.npz",
+            "--budget", "4MiB", "--epochs", "6", "--out", tmp_path / "run", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["torch_loaded"] is False
+    assert r["accuracy_after"] > r["accuracy_before"]
+    assert r["accuracy_after"] >= 0.8  # the toy task is easy once trained
+    assert r["inference_agreement"] == 1.0
+    assert r["optimizer_steps"] == 6 * (48 // 8)
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["accuracy_after"] == r["accuracy_after"]
+    assert (tmp_path / "run" / "checkpoint").stat().st_size > 0
+
+
+def test_micro_batching_accumulates_to_the_same_number_of_samples(tmp_path, npz, tiny_artifact):
+    p = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--budget", "4MiB",
+            "--micro-batch", "2", "--accumulate", "4", "--epochs", "1", "--out", tmp_path / "r",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert (r["micro_batch"], r["accumulation_steps"], r["optimizer_steps"]) == (2, 4, 48 // 8)
+
+
+def with_nan(x, y):
+    x = x.copy()
+    x[0, 0, 0, 0] = np.nan
+    return x, y
+
+
+@pytest.mark.parametrize("make, message", [
+    (with_nan, "NaN/Inf"),
+    (lambda x, y: (x, np.full_like(y, 5)), "out of range"),
+    (lambda x, y: (x[:, :2], y), "expects"),
+    (lambda x, y: (x[:0], y[:0]), "no samples"),
+])
+def test_bad_data_is_refused_and_saved_work_kept(tmp_path, tiny_artifact, npz, make, message):
+    ok = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--budget", "4MiB",
+             "--epochs", "1", "--out", tmp_path / "run")
+    assert ok.returncode == 0, ok.stderr
+    before = (tmp_path / "run" / "checkpoint").read_bytes()
+    x, y = make(*tiny_data(8))
+    np.savez(tmp_path / "bad.npz", x=x, y=y)
+    p = cli("personalise", tiny_artifact, "--data", tmp_path / "bad.npz", "--budget", "4MiB",
+            "--out", tmp_path / "run")
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert (tmp_path / "run" / "checkpoint").read_bytes() == before
+
+
+def test_tampered_artifact_is_refused(tmp_path, tiny_artifact, npz):
+    art = tmp_path / "a"
+    shutil.copytree(tiny_artifact, art)
+    p = art / "eval_model.onnx"
+    p.write_bytes(p.read_bytes() + b"\0")
+    r = cli("personalise", art, "--data", npz / "train.npz", "--budget", "4MiB",
+            "--out", tmp_path / "run")
+    assert r.returncode == 2 and "truncated or replaced" in r.stderr
+    r = cli("measure", art, "--batch", "2")
+    assert r.returncode == 2 and "truncated or replaced" in r.stderr
+
+
+def test_usage_errors(tmp_path, tiny_artifact, npz):
+    r = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--out", tmp_path / "r")
+    assert r.returncode != 0 and "--device NAME or --budget BYTES" in r.stderr
+    r = cli("personalise", tiny_artifact, "--user", "10", "--budget", "4MiB",
+            "--out", tmp_path / "r")
+    assert r.returncode == 2 and "use --data" in r.stderr
+    r = cli("measure", tiny_artifact, "--batch", "0")
+    assert r.returncode == 2 and "positive" in r.stderr
+
+
+def test_devices_json():
+    r = cli("devices", "--json")
+    assert r.returncode == 0
+    d = json.loads(r.stdout)
+    assert d["watchos-extension"]["ram_budget_bytes"] == 15 * 2**20
+
+
+@pytest.mark.slow
+def test_named_patch_mobilenet_end_to_end_on_builtin_user(tmp_path):
+    """export (no pretraining epochs, so it is quick) -> personalise user 10 -> measure."""
+    art = tmp_path / "pm"
+    r = cli("export", "--model", "patch_mobilenet", "--epochs", "0", "--no-cache",
+            "--holdout-user", "10", "--out", art, "--json")
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)
+    assert m["plan"]["patch_size"] == 32 and m["input"]["image_shape"] == [3, 224, 224]
+    assert m["input"]["preprocess"] == "imu_gasf" and 10 not in m["provenance"]["population_subjects"]
+    r = cli("personalise", art, "--user", "3", "--budget", "15MiB", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "pretraining population" in r.stderr
+    r = cli("measure", art, "--batch", "8", "--device", "watchos-extension", "--json")
+    assert r.returncode == 0, r.stderr
+    peak = json.loads(r.stdout)["peak_bytes"]
+    r = cli("personalise", art, "--user", "10", "--budget", peak, "--epochs", "1",
+            "--out", tmp_path / "u10", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["inference_agreement"] == 1.0 and res["torch_loaded"] is False
+    assert res["train_items"] % 49 == 0  # every window contributes its 49 patches

@@ -1,0 +1,78 @@
+"""Device profiles, the budget split, byte parsing and the allocator-log parser."""
+from __future__ import annotations
+
+import click
+import pytest
+
+from device_sim.cap import (RUNTIME_SCALAR_BYTES, BudgetError, BudgetSplit, arena_rounded,
+                            budget_error_from)
+from device_sim.measure import MARK, parse_arena_log
+from device_sim.profiles import PROFILES, get_profile
+from edgetrain.cli import parse_bytes
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_profile_is_documented_and_sane(name):
+    p = get_profile(name)
+    assert 0 < p.ram_budget_bytes <= p.total_ram_bytes
+    assert p.source and p.description
+    from pathlib import Path
+    docs = (Path(__file__).parent.parent / "docs" / "devices.md").read_text()
+    assert f"`{name}`" in docs
+
+
+def test_unknown_profile():
+    with pytest.raises(ValueError, match="unknown device profile 'fridge'"):
+        get_profile("fridge")
+
+
+@pytest.mark.parametrize("text, value", [("8692224", 8692224), ("15MB", 15_000_000),
+                                         ("15MiB", 15 * 2**20), ("1.5GiB", 3 * 2**29),
+                                         ("64 KiB", 65536)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "12parsecs", ""])
+def test_parse_bytes_refuses(text):
+    with pytest.raises(click.BadParameter):
+        parse_bytes(text)
+
+
+def test_budget_split_is_exact():
+    s = BudgetSplit.from_budget(10_000, 4_096)
+    assert s.state_bytes + s.scalar_bytes + s.arena_cap_bytes == 10_000
+    assert s.scalar_bytes == RUNTIME_SCALAR_BYTES
+    for bad in (0, -5, 4_096):
+        with pytest.raises(BudgetError):
+            BudgetSplit.from_budget(bad, 4_096)
+
+
+def test_arena_rounding():
+    assert [arena_rounded(n) for n in (1, 256, 257, 1728)] == [256, 256, 512, 1792]
+
+
+def test_budget_error_names_the_bytes():
+    s = BudgetSplit.from_budget(100_000, 10_000)
+    e = budget_error_from(RuntimeError("... Available memory of 31488 is smaller than requested "
+                                       "bytes of 524288"), s, "a training step")
+    assert e.needed_bytes == 100_000 + 524288 - 31488
+    assert "smaller --micro-batch" in str(e) and str(e.needed_bytes) in str(e)
+    assert budget_error_from(RuntimeError("unrelated"), s, "x") is None
+
+
+def test_log_parser_attributes_growth_to_phases():
+    def ext(r, e, t):
+        return [f"Extending BFCArena for Cpu. bin_num:0 (requested) num_bytes: {r} (actual) "
+                f"rounded_bytes:{r}", f"Extended allocation by {e} bytes.",
+                f"Total allocated bytes: {t}"]
+    log = [MARK + "parameters", *ext(1024, 1048576, 1048576), *ext(512, 1048576, 1048576),
+           MARK + "gradients", "Reserving memory in BFCArena for Cpu size: 768",
+           *ext(1024, 1024, 1792), *ext(512, 512, 2304),
+           MARK + "optimizer_state", *ext(1024, 1024, 3328),
+           MARK + "train", *ext(256, 1048576, 1048576),  # an API scalar's private arena
+           *ext(4096, 4096, 7424)]
+    env, outside, per = parse_arena_log("\n".join(log))
+    assert env == 7424 and outside == 1024 + 512 + 256
+    assert per == {"parameters": 1536, "gradients": 1536, "optimizer_state": 1024,
+                   "activations": 4096, "other": 768 + 256}

@@ -71,6 +71,7 @@ class Plan:
     accumulation_steps: int = 1  # micro-batches summed per optimizer step
     patch_size: int = 0
     recompute: str = "none"
+    batchnorm: str = "batch"  # "batch": batch statistics; "frozen": a fixed affine map
 
 
 @dataclass(frozen=True)

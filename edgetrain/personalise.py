@@ -82,7 +82,6 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     Writes out/checkpoint, out/inference.onnx and out/result.json.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch
@@ -91,6 +90,7 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     if config.lr is not None:
         rt.set_learning_rate(config.lr)
     rt.preflight()  # a budget too small fails here, before anything is read or written
+    out.mkdir(parents=True, exist_ok=True)
 
     feed = Feed(*train, m)
     test_feed = Feed(*test, m) if test is not None else None

@@ -50,7 +50,9 @@ class DeviceRuntime:
         _OPENED = True
         so = ort.SessionOptions()
         so.add_session_config_entry("session.use_env_allocators", "1")
-        so.log_severity_level = int(os.environ.get("EDGETRAIN_ORT_LOG_LEVEL", "3"))
+        # ORT's own error lines are suppressed: its errors reach the user translated (e.g. a
+        # BudgetError naming the bytes). EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging.
+        so.log_severity_level = int(os.environ.get("EDGETRAIN_ORT_LOG_LEVEL", "4"))
         if threads:
             so.intra_op_num_threads = threads
         files = {role: str(self.folder / e.path) for role, e in m.files.items()}

@@ -9,6 +9,8 @@ support. Fixes applied (shared/notes/ort-training.md):
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import io
 import tempfile
 import warnings
@@ -30,18 +32,25 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     classes: list[str] | tuple[str, ...], trainable: list[str] | None = None,
                     plan: Plan = Plan(), lr: float = 1e-3, model_name: str = "custom",
                     image_shape: tuple[int, ...] | None = None, preprocess: str = "none",
-                    preprocess_args: dict | None = None, provenance: dict | None = None
-                    ) -> Manifest:
+                    preprocess_args: dict | None = None, provenance: dict | None = None,
+                    freeze_batchnorm: bool = False) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
     trainable: fully-qualified parameter names to train (default: every parameter); all other
     parameters and floating-point buffers are frozen.
+    freeze_batchnorm: train with BatchNorm as a fixed affine map (running statistics frozen,
+    weight and bias still trainable), as fine-tuning on small micro-batches wants; the
+    tensors keep their names. Otherwise BatchNorm uses batch statistics and updates its
+    running statistics during training.
     """
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if freeze_batchnorm:
+        model = freeze_batchnorm_layers(model)
+    plan = dataclasses.replace(plan, batchnorm="frozen" if freeze_batchnorm else "batch")
     params = dict(model.named_parameters())
     trainable = list(params) if trainable is None else list(trainable)
     unknown = [n for n in trainable if n not in params]
@@ -98,6 +107,34 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
         optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}))
     manifest.write(out)
     return manifest
+
+
+class FrozenBatchNorm2d(torch.nn.Module):
+    """BatchNorm2d with fixed statistics: y = x * w / sqrt(var + eps) + (b - mean * scale)."""
+
+    def __init__(self, bn: torch.nn.BatchNorm2d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(bn.weight.detach().clone())
+        self.bias = torch.nn.Parameter(bn.bias.detach().clone())
+        self.register_buffer("running_mean", bn.running_mean.detach().clone())
+        self.register_buffer("running_var", bn.running_var.detach().clone())
+        self.eps = bn.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, H, W]
+        scale = self.weight / torch.sqrt(self.running_var + self.eps)
+        shift = self.bias - self.running_mean * scale
+        return x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+
+
+def freeze_batchnorm_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with every BatchNorm2d replaced by FrozenBatchNorm2d (same names)."""
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.BatchNorm2d):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, FrozenBatchNorm2d(module))
+    return model
 
 
 def _export(model: torch.nn.Module, example_input: torch.Tensor, buf: io.BytesIO) -> None:

@@ -8,6 +8,7 @@ cached under .cache/pretrain/ keyed by everything that determines them, so a sec
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -115,11 +116,11 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 1
     recs_classes = data.load_recordings().classes
     size = spec.image_size
     sample = spec.patch_size or size
-    plan = Plan(micro_batch=plan.micro_batch, accumulation_steps=plan.accumulation_steps,
-                patch_size=spec.patch_size, recompute=plan.recompute)
+    plan = dataclasses.replace(plan, patch_size=spec.patch_size)
     return export_artifact(
         model, torch.zeros(2, 3, sample, sample), out, classes=recs_classes, plan=plan, lr=lr,
         model_name=cfg.model, image_shape=(3, size, size), preprocess="imu_gasf",
         preprocess_args={"window_samples": data.WINDOW_SAMPLES, "mean": summary["channel_mean"],
                          "scale": summary["channel_scale"]},
-        provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")})
+        provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")},
+        freeze_batchnorm=True)

@@ -8,7 +8,6 @@ export_inference. Runs in a process without torch (see ort_device.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,6 @@ from edgetrain.ort_device import onnxruntime, training_api
 _OPENED = False  # the env arena is per process: one runtime per process
 
 
-@dataclass(frozen=True)
-class StateSummary:
-    state_bytes: int  # checkpoint tensors as the runtime holds them (arena-rounded)
-    trainable_bytes: int  # raw bytes of trainable tensors
-
-
 def state_bytes_of(manifest: Manifest) -> int:
     """Bytes the checkpoint tensors occupy once loaded: one arena chunk per tensor."""
     return sum(arena_rounded(t.nbytes) for t in manifest.trainable + manifest.frozen)
@@ -33,8 +26,7 @@ def state_bytes_of(manifest: Manifest) -> int:
 
 class DeviceRuntime:
     def __init__(self, folder: str | os.PathLike, budget_bytes: int | None = None,
-                 threads: int | None = None, checkpoint: str | os.PathLike | None = None,
-                 on_phase=None):
+                 threads: int | None = None, on_phase=None):
         global _OPENED
         if _OPENED:
             raise RuntimeError("one DeviceRuntime per process: the memory cap is process-wide")
@@ -56,11 +48,10 @@ class DeviceRuntime:
         if threads:
             so.intra_op_num_threads = threads
         files = {role: str(self.folder / e.path) for role, e in m.files.items()}
-        ckpt = str(checkpoint) if checkpoint is not None else files["checkpoint"]
         phase = on_phase or (lambda name: None)  # measurement marks where bytes go
         try:
             phase("parameters")
-            self.state = api.CheckpointState.load_checkpoint(ckpt)
+            self.state = api.CheckpointState.load_checkpoint(files["checkpoint"])
             self._check_state()
             phase("gradients")
             self.module = api.Module(files["training_model"], self.state, files["eval_model"],
@@ -175,7 +166,7 @@ class DeviceRuntime:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            self._api().CheckpointState.save_checkpoint(self.state, str(tmp),
+            training_api().CheckpointState.save_checkpoint(self.state, str(tmp),
                                                         include_optimizer_state=True)
             _fsync_replace(tmp, path)
         except BaseException:
@@ -194,13 +185,6 @@ class DeviceRuntime:
             tmp.unlink(missing_ok=True)
             raise
         return path
-
-    def _api(self):
-        return training_api()
-
-    def summary(self) -> StateSummary:
-        return StateSummary(state_bytes=state_bytes_of(self.manifest),
-                            trainable_bytes=self.manifest.trainable_bytes)
 
 
 def run_padded(fn, x: np.ndarray, batch: int, num_classes: int) -> np.ndarray:

@@ -9,9 +9,12 @@ support. Fixes applied (shared/notes/ort-training.md):
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
+import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -80,7 +83,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     for n, t in saved.items():
         inits[n].CopyFrom(numpy_helper.from_array(t.cpu().numpy(), n))
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _native_stderr_captured():
         artifacts.generate_artifacts(
             fwd, requires_grad=trainable, frozen_params=frozen,
             loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
@@ -135,6 +138,27 @@ def freeze_batchnorm_layers(model: torch.nn.Module) -> torch.nn.Module:
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, FrozenBatchNorm2d(module))
     return model
+
+
+@contextlib.contextmanager
+def _native_stderr_captured():
+    """ORT's gradient builder logs every graph pass at INFO from C++, whatever Python sets.
+    Capture file descriptor 2 while it runs; show the captured tail only if it fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            tail = log.read().decode(errors="replace").splitlines()[-20:]
+            sys.stderr.write("\n".join(tail) + "\n")
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _export(model: torch.nn.Module, example_input: torch.Tensor, buf: io.BytesIO) -> None:

@@ -122,3 +122,17 @@ def test_named_patch_mobilenet_end_to_end_on_builtin_user(tmp_path):
     res = json.loads(r.stdout)
     assert res["inference_agreement"] == 1.0 and res["torch_loaded"] is False
     assert res["train_items"] % 49 == 0  # every window contributes its 49 patches
+
+
+@pytest.mark.slow
+def test_mobilenet_v1_exports_and_measures(tmp_path):
+    art = tmp_path / "mb"
+    r = cli("export", "--model", "mobilenet_v1", "--epochs", "0", "--no-cache", "--out", art,
+            "--micro-batch", "2")
+    assert r.returncode == 0, r.stderr
+    r = cli("measure", art, "--batch", "2", "--steps", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["torch_loaded"] is False
+    assert sum(d["breakdown"].values()) == d["peak_bytes"]
+    assert d["breakdown"]["optimizer_state"] == 2 * d["breakdown"]["gradients"]

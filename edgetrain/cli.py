@@ -177,9 +177,11 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
 @click.option("--json", "as_json", is_flag=True)
 def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json):
     """Measure the peak bytes of training, from the runtime's own allocator."""
+    from pathlib import Path
+
     from device_sim.measure import measure as run
     from edgetrain.manifest import load_manifest
-    from edgetrain.predicted import predicted_for_batch
+    from exporters.memplan import predict_memory  # host side: reads the graphs with onnx
 
     device, budget_bytes = _budget(device, budget)
     try:
@@ -189,7 +191,8 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
         _fail(str(e), EXIT_BUDGET)
     except (ArtifactError, ValueError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
-    pred = predicted_for_batch(manifest, batch)
+    pred = predict_memory(Path(artifact), manifest.trainable, manifest.frozen, batch,
+                          {role: e.path for role, e in manifest.files.items()})
     doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
            **r.to_dict(), "predicted_peak_bytes": pred["peak_bytes"],
            "predicted_breakdown": pred["breakdown"],
@@ -206,7 +209,9 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
                   f"  ({'within' if r.peak_bytes <= budget_bytes else 'OVER'} budget)"))
     for k, v in r.breakdown.items():
         click.echo(f"  {k:16s} {v:>14,}   predicted {pred['breakdown'][k]:>14,}")
-    click.echo(f"predicted peak (static, coarse): {_mib(pred['peak_bytes'])}")
+    err = (pred["peak_bytes"] - r.peak_bytes) / r.peak_bytes
+    click.echo(f"predicted peak (static graph plan): {_mib(pred['peak_bytes'])}  "
+               f"({err:+.1%} of measured)")
     click.echo(f"step time on this machine: {r.step_time_s * 1e3:.1f} ms; "
                f"process peak RSS {_mib(r.process_peak_rss_bytes)}; torch loaded: {r.torch_loaded}")
 

@@ -24,7 +24,7 @@ import torch
 from onnx import numpy_helper
 
 from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
-from exporters.predict import predict_memory
+from exporters.memplan import predict_memory
 
 FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
          "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
@@ -97,8 +97,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
-    predicted = predict_memory(model, example_input, trainable_specs, frozen_specs,
-                               plan.micro_batch)
+    predicted = predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch, FILES)
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,
         files={role: file_entry(out, name) for role, name in FILES.items()},

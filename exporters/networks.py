@@ -52,6 +52,46 @@ class MobileNet(nn.Module):
         return self.classifier(x.mean(dim=(2, 3)))
 
 
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (stride s), 1x1 expand, each with BN; residual add, then ReLU."""
+
+    def __init__(self, cin: int, mid: int, cout: int, stride: int):
+        super().__init__()
+        self.reduce = ConvBNReLU(cin, mid, 1, 1)
+        self.conv = ConvBNReLU(mid, mid, 3, stride)
+        self.expand = nn.Sequential(nn.Conv2d(mid, cout, 1, 1, 0, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                       nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.expand(self.conv(self.reduce(x))) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """The deck's ResNet-50 (C1): 7x7/2 stem, 3x3/2 max pool, bottleneck stacks 3-4-6-3."""
+
+    def __init__(self, num_classes: int, width: float):
+        super().__init__()
+        c = _ch(64, width)
+        self.stem = ConvBNReLU(3, c, 7, 2)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        stages = []
+        for mid, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+            m, out = _ch(mid, width), _ch(4 * mid, width)
+            layers = []
+            for i in range(blocks):
+                layers.append(Bottleneck(c, m, out, stride if i == 0 else 1))
+                c = out
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.classifier = nn.Linear(c, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, 3, 224, 224] -> [B, classes]
+        x = self.stages(self.pool(self.stem(x)))
+        return self.classifier(x.mean(dim=(2, 3)))
+
+
 # (output channels, stride) of each depthwise-separable block, as in the deck's tables.
 MOBILENET_V1_BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
                        (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
@@ -73,6 +113,10 @@ NETWORKS: dict[str, NetworkSpec] = {
         build=lambda k, w: MobileNet(2, MOBILENET_V1_BLOCKS, k, w),
         image_size=224, patch_size=0, default_width=0.25,
         summary="MobileNetV1 on 224x224x3 (deck C5), 13 depthwise-separable blocks"),
+    "resnet50": NetworkSpec(
+        build=lambda k, w: ResNet50(k, w),
+        image_size=224, patch_size=0, default_width=1.0,
+        summary="ResNet-50 on 224x224x3 (deck C1), bottleneck stacks 3-4-6-3"),
     "patch_mobilenet": NetworkSpec(
         build=lambda k, w: MobileNet(1, PATCH_MOBILENET_BLOCKS, k, w),
         image_size=224, patch_size=32, default_width=0.25,

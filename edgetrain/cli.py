@@ -216,6 +216,49 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
                f"process peak RSS {_mib(r.process_peak_rss_bytes)}; torch loaded: {r.torch_loaded}")
 
 
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
+@click.option("--budget", type=Bytes(), help="Budget in bytes, e.g. 15MiB.")
+@click.option("--json", "as_json", is_flag=True)
+def fit(artifact, device, budget, as_json):
+    """Largest batch that trains under a budget: predicted, then confirmed by capped runs."""
+    from pathlib import Path
+
+    from device_sim.measure import measure as run
+    from device_sim.scenario import largest_batch
+    from edgetrain.manifest import load_manifest
+    from exporters.memplan import predict_memory
+
+    if (device is None) == (budget is None):
+        raise click.UsageError("give --device NAME or --budget BYTES")
+    device, budget_bytes = _budget(device, budget)
+    try:
+        m = load_manifest(artifact)
+        files = {role: e.path for role, e in m.files.items()}
+
+        def predict(b: int) -> int:
+            return predict_memory(Path(artifact), m.trainable, m.frozen, b, files)["peak_bytes"]
+
+        r = largest_batch(predict, lambda b: run(artifact, b, budget_bytes, steps=5),
+                          budget_bytes)
+    except (ArtifactError, ValueError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps({"artifact": str(artifact), "device": device, **r.to_dict()},
+                              indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {_mib(budget_bytes)}")
+    click.echo(f"largest batch predicted to fit: {r.predicted_max_batch}")
+    if r.max_batch == 0:
+        click.echo(f"confirmed: not even batch 1 trains ({r.runs} capped runs): {r.next_batch_error}")
+        return
+    click.echo(f"confirmed largest batch: {r.max_batch} (measured peak {_mib(r.peak_bytes)}); "
+               f"batch {r.max_batch + 1} fails cleanly ({r.runs} capped runs)")
+    click.echo(f"throughput at batch {r.max_batch} on this machine: "
+               f"{r.throughput_samples_per_s:.1f} samples/s ({r.step_time_s * 1e3:.1f} ms/step)")
+
+
 class _progress:
     """A tqdm bar on stderr for long work, or nothing."""
 

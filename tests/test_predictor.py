@@ -1,0 +1,49 @@
+"""The static predictor: ORT's execution order, exact state parts, a sane activation plan."""
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from conftest import cli, device_python
+from edgetrain.manifest import load_manifest
+from exporters.memplan import _drop_identities, _graph, execution_order, plan_step
+
+SCALAR_OPS = {"Shape", "Size"}  # ORT may schedule these earlier; they hold a few bytes
+
+
+def test_execution_order_is_ort_order(tiny_artifact, tmp_path):
+    opt = tmp_path / "ort_optimized.onnx"
+    device_python(f"""
+import json
+from edgetrain.ort_device import onnxruntime, training_api
+ort, api = onnxruntime(), training_api()
+so = ort.SessionOptions(); so.optimized_model_filepath = {str(opt)!r}; so.log_severity_level = 3
+st = api.CheckpointState.load_checkpoint({str(tiny_artifact / 'checkpoint')!r})
+api.Module({str(tiny_artifact / 'training_model.onnx')!r}, st, None, session_options=so)
+print(json.dumps({{}}))
+""")
+    ort_order = [n.name for n in onnx.load(str(opt)).graph.node if n.op_type not in SCALAR_OPS]
+    nodes = _drop_identities(_graph(str(tiny_artifact / "training_model.onnx")))
+    mine = [nodes[i].name for i in execution_order(nodes) if nodes[i].op_type not in SCALAR_OPS]
+    assert mine == ort_order
+
+
+def test_predicted_state_is_exact_and_measured_breakdown_sums(tiny_artifact):
+    r = cli("measure", tiny_artifact, "--batch", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d["predicted_breakdown"][part] == d["breakdown"][part], part
+    assert d["predicted_peak_bytes"] == sum(d["predicted_breakdown"].values())
+    m = load_manifest(tiny_artifact)
+    assert m.predicted["batch"] == m.plan.micro_batch
+    assert m.predicted["breakdown"]["gradients"] == d["breakdown"]["gradients"]
+
+
+def test_activation_plan_grows_with_batch_and_packs_above_live_peak(tiny_artifact):
+    small, big = (plan_step(str(tiny_artifact / "training_model.onnx"), b) for b in (1, 16))
+    assert 0 < small.pattern_bytes < big.pattern_bytes
+    for p in (small, big):
+        assert p.pattern_bytes >= p.live_peak_bytes  # a packing never beats the live peak
+        assert len(p.timeline) == len(p.order)

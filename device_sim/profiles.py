@@ -18,6 +18,10 @@ class DeviceProfile:
     total_ram_bytes: int
     description: str
     source: str
+    # Latency model inputs: peak fp32 throughput and memory bandwidth, derived from the
+    # vendor's core count, clock and SIMD width (docs/devices.md shows the arithmetic).
+    compute_flops_per_s: float
+    memory_bandwidth_bytes_per_s: float
 
 
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
@@ -25,30 +29,35 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
         name="mcu-2mb", ram_budget_bytes=2 * MiB, total_ram_bytes=2 * MiB + 768 * 1024,
         description="Wearable microcontroller band (Ambiq Apollo4-class: 2.75 MB SRAM); "
                     "about 2 MB left for training after firmware and sensor buffers",
-        source="Ambiq Apollo4 Plus datasheet: 2 MB MRAM, 2.75 MB SRAM"),
+        source="Ambiq Apollo4 Plus datasheet: 2 MB MRAM, 2.75 MB SRAM",
+        compute_flops_per_s=192e6 * 2, memory_bandwidth_bytes_per_s=192e6 * 4),
     DeviceProfile(
         name="mcu-8mb", ram_budget_bytes=8 * MiB, total_ram_bytes=16 * MiB,
         description="Fitness-watch SoC with external PSRAM (16 MB); half for training",
         source="Typical RTOS smartwatch SoCs pair an MCU with 8-16 MB PSRAM "
-               "(e.g. Espressif ESP32-S3 modules with 8/16 MB PSRAM)"),
+               "(e.g. Espressif ESP32-S3 modules with 8/16 MB PSRAM)",
+        compute_flops_per_s=2 * 240e6 * 2, memory_bandwidth_bytes_per_s=80e6 * 2 * 1),
     DeviceProfile(
         name="watchos-extension", ram_budget_bytes=15 * MiB, total_ram_bytes=1024 * MiB,
         description="A watchOS app extension / background task: the OS kills extensions "
                     "that grow past roughly 15 MB",
         source="Apple Developer Forums reports of watchOS extension memory limits (~15 MB); "
-               "the limit is not published by Apple and varies by model and OS version"),
+               "the limit is not published by Apple and varies by model and OS version",
+        compute_flops_per_s=1.8e9 * 16, memory_bandwidth_bytes_per_s=17e9),
     DeviceProfile(
         name="watch-app-low", ram_budget_bytes=64 * MiB, total_ram_bytes=1024 * MiB,
         description="Foreground app on a 1 GB Wear OS / watchOS watch, sharing RAM with the OS "
                     "and other apps; 64 MB for training",
         source="Apple Watch Series 6-8 and most Wear OS 3 watches ship 1 GB RAM "
                "(vendor spec sheets); Android low-RAM guidance keeps per-app use well under "
-               "10% of RAM"),
+               "10% of RAM",
+        compute_flops_per_s=4 * 1.7e9 * 4, memory_bandwidth_bytes_per_s=8.5e9),
     DeviceProfile(
         name="watch-app-high", ram_budget_bytes=256 * MiB, total_ram_bytes=2048 * MiB,
         description="Foreground app on a 2 GB watch (Pixel Watch 2/3, Galaxy Watch 5 Pro); "
                     "256 MB for training",
-        source="Google Pixel Watch 2 and Samsung Galaxy Watch5 Pro spec sheets: 2 GB RAM"),
+        source="Google Pixel Watch 2 and Samsung Galaxy Watch5 Pro spec sheets: 2 GB RAM",
+        compute_flops_per_s=4 * 1.7e9 * 4, memory_bandwidth_bytes_per_s=8.5e9),
 ]}
 
 

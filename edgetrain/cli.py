@@ -191,11 +191,21 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
         _fail(str(e), EXIT_BUDGET)
     except (ArtifactError, ValueError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
+    from exporters.cost import step_cost
+
     pred = predict_memory(Path(artifact), manifest.trainable, manifest.frozen, batch,
                           {role: e.path for role, e in manifest.files.items()})
+    cost = step_cost(str(Path(artifact) / manifest.files["training_model"].path), batch,
+                     sum(t.nbytes // 4 for t in manifest.trainable))
+    device_time = None
+    if device:
+        p = get_profile(device)
+        device_time = cost.predicted_time_s(p.compute_flops_per_s, p.memory_bandwidth_bytes_per_s)
     doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
            **r.to_dict(), "predicted_peak_bytes": pred["peak_bytes"],
            "predicted_breakdown": pred["breakdown"],
+           "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,
+           "predicted_device_step_time_s": device_time,
            "covers": "every byte ONNX Runtime allocates for the training working set: "
                      "parameters, gradients, optimizer state, activations and temporaries, "
                      "runtime scalars; not the interpreter or input batches (see "
@@ -212,6 +222,9 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
     err = (pred["peak_bytes"] - r.peak_bytes) / r.peak_bytes
     click.echo(f"predicted peak (static graph plan): {_mib(pred['peak_bytes'])}  "
                f"({err:+.1%} of measured)")
+    click.echo(f"step: {cost.flops / 1e9:.2f} GFLOP, {cost.bytes_moved / 1e6:.1f} MB moved"
+               + ("" if device_time is None else
+                  f"; predicted on {device} (roofline at peak): {device_time * 1e3:.1f} ms"))
     click.echo(f"step time on this machine: {r.step_time_s * 1e3:.1f} ms; "
                f"process peak RSS {_mib(r.process_peak_rss_bytes)}; torch loaded: {r.torch_loaded}")
 

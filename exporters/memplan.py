@@ -255,3 +255,43 @@ def predict_memory(folder, trainable, frozen, batch: int, files: dict[str, str])
     return {"batch": batch, "peak_bytes": sum(breakdown.values()), "breakdown": breakdown,
             "method": "graph plan: ORT execution order, tensor lifetimes, reuse, memory pattern; "
                       "conv scratch not modelled"}
+
+
+RUNTIME_FILL_OPS = SHAPE_FILL_OPS | {"ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum"}
+
+
+def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8
+                   ) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Every tensor's size when the step runs (for FLOP and byte counts, not for the plan).
+
+    Unlike tensor_shapes (what ORT can size before running), this iterates ONNX inference
+    and the gradient rules to a fixpoint, and knows ORT's BatchNormInternal."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    shapes: dict[str, tuple[tuple[int, ...], int]] = {}
+    for _ in range(rounds):
+        found = tensor_shapes(m, batch)
+        for n in m.graph.node:
+            ins = [found.get(x) for x in n.input]
+            for k, o in enumerate(n.output):
+                if not o or o in found:
+                    continue
+                if n.op_type == "BatchNormInternal" and ins and ins[0] is not None:
+                    c = (ins[0][0][1],)
+                    found[o] = ins[0] if k == 0 else (c, ins[0][1])
+                elif n.op_type in RUNTIME_FILL_OPS and all(s is not None for s in ins if s):
+                    sized = [s for s in ins if s]
+                    if sized and len(sized) == len([x for x in n.input if x]):
+                        found[o] = (tuple(np.broadcast_shapes(*[s[0] for s in sized])),
+                                    sized[0][1])
+        if len(found) == len(shapes):
+            break
+        shapes = found
+        graph_io = {v.name for v in list(m.graph.input) + list(m.graph.output)}
+        del m.graph.value_info[:]  # symbolic entries would block refinement
+        for name, (shape, item) in found.items():
+            if name not in graph_io:
+                elem = {4: 1, 8: 7, 1: 9, 2: 10}.get(item, 1)
+                m.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, shape))
+    return shapes

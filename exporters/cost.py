@@ -1,0 +1,75 @@
+"""FLOPs and bytes of one training step, from the artifact's graphs, and a roofline latency.
+
+Per node of the training graph at a batch: FLOPs (multiply-add = 2) and bytes moved (every
+input and output read or written once). A device's predicted time for a node is the larger of
+FLOPs / peak throughput and bytes / bandwidth; the step is their sum plus the AdamW update
+(about 12 FLOPs and 7 reads or writes of 4 bytes per trained value). A roofline at peak
+figures: a lower bound, labelled as a prediction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from exporters.memplan import _drop_identities, _graph, runtime_shapes
+
+ADAMW_FLOPS_PER_VALUE = 12
+ADAMW_BYTES_PER_VALUE = 7 * 4
+
+
+@dataclass(frozen=True)
+class StepCost:
+    batch: int
+    flops: int
+    bytes_moved: int
+    nodes: tuple[tuple[str, str, int, int], ...]  # (name, op, flops, bytes)
+
+    def predicted_time_s(self, flops_per_s: float, bytes_per_s: float) -> float:
+        return sum(max(f / flops_per_s, b / bytes_per_s) for _, _, f, b in self.nodes)
+
+
+def _numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _conv_flops(x_shape, w_shape, y_shape, group: int) -> int:
+    n, cout = y_shape[0], y_shape[1]
+    return 2 * n * cout * _numel(y_shape[2:]) * (x_shape[1] // group) * _numel(w_shape[2:])
+
+
+def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
+    model = _graph(training_model)
+    nodes = _drop_identities(model)
+    shapes = runtime_shapes(model, batch)
+    # a ConvGrad's output-gradient may be unsized; its forward Conv (same X and W) is not
+    conv_out = {(n.input[0], n.input[1]): n.output[0] for n in nodes if n.op_type == "Conv"}
+    rows = []
+    for n in nodes:
+        known = [shapes[x] for x in list(n.input) + list(n.output) if x in shapes]
+        nbytes = sum(_numel(s) * item for s, item in known)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        group = int(attrs.get("group", 1))
+        if n.op_type == "Conv" and n.output[0] in shapes:
+            flops = _conv_flops(shapes[n.input[0]][0], shapes[n.input[1]][0],
+                                shapes[n.output[0]][0], group)
+        elif n.op_type == "ConvGrad" and conv_out.get((n.input[1], n.input[2])) in shapes:
+            # each gradient it produces (dX, dW) costs one convolution's multiply-adds
+            y = shapes[conv_out[(n.input[1], n.input[2])]][0]
+            produced = sum(1 for o in n.output[:2] if o)
+            flops = produced * _conv_flops(shapes[n.input[1]][0], shapes[n.input[2]][0], y, group)
+        elif n.op_type in ("Gemm", "MatMul") and n.output[0] in shapes:
+            if n.input[0] in shapes:  # the shared dimension, from whichever operand is sized
+                a = shapes[n.input[0]][0]
+                k = a[0] if attrs.get("transA") else a[-1]
+            else:
+                w = shapes[n.input[1]][0] if n.input[1] in shapes else (0, 0)
+                k = w[1] if attrs.get("transB") else w[0]
+            flops = 2 * _numel(shapes[n.output[0]][0]) * k
+        else:  # elementwise, reductions, normalisation: about one FLOP per value touched
+            flops = max((_numel(s) for s, _ in known), default=0)
+        rows.append((n.name, n.op_type, int(flops), int(nbytes)))
+    rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
+                 ADAMW_BYTES_PER_VALUE * trained_values))
+    return StepCost(batch, sum(r[2] for r in rows), sum(r[3] for r in rows), tuple(rows))

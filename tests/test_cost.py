@@ -1,0 +1,32 @@
+"""FLOPs of a training step counted from the graph, checked by hand on the tiny net."""
+from __future__ import annotations
+
+import pytest
+
+from device_sim.profiles import get_profile
+from exporters.cost import ADAMW_FLOPS_PER_VALUE, step_cost
+
+
+def test_tiny_net_conv_flops_by_hand(tiny_artifact):
+    b = 4
+    c = step_cost(str(tiny_artifact / "training_model.onnx"), b, trained_values=143)
+    by_op = {}
+    for _, op, f, _ in c.nodes:
+        by_op[op] = by_op.get(op, 0) + f
+    conv = 2 * b * 4 * 8 * 8 * 3 * 3 * 3  # 2 x N x Cout x H x W x Cin x kh x kw
+    assert by_op["Conv"] == conv
+    assert by_op["ConvGrad"] == conv  # only dW: the input needs no gradient
+    assert by_op["Gemm"] >= 2 * b * 3 * 4  # classifier forward (plus its gradients)
+    assert by_op["AdamWOptimizer"] == ADAMW_FLOPS_PER_VALUE * 143
+    assert c.flops == sum(by_op.values()) and c.bytes_moved > 0
+
+
+def test_roofline_time_scales_with_the_device(tiny_artifact):
+    c = step_cost(str(tiny_artifact / "training_model.onnx"), 4, trained_values=143)
+    slow, fast = get_profile("mcu-2mb"), get_profile("watch-app-high")
+    t_slow = c.predicted_time_s(slow.compute_flops_per_s, slow.memory_bandwidth_bytes_per_s)
+    t_fast = c.predicted_time_s(fast.compute_flops_per_s, fast.memory_bandwidth_bytes_per_s)
+    assert t_slow > t_fast > 0
+    assert t_slow == pytest.approx(sum(max(f / slow.compute_flops_per_s,
+                                           b / slow.memory_bandwidth_bytes_per_s)
+                                       for _, _, f, b in c.nodes))

@@ -174,8 +174,10 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
 @click.option("--accumulate", type=int, default=1, show_default=True)
 @click.option("--steps", type=int, default=3, show_default=True, help="Timed optimizer steps.")
 @click.option("--threads", type=int, default=None)
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
+              help="Write timeline.png and graph.png into this folder.")
 @click.option("--json", "as_json", is_flag=True)
-def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json):
+def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, as_json):
     """Measure the peak bytes of training, from the runtime's own allocator."""
     from pathlib import Path
 
@@ -210,6 +212,15 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
                      "parameters, gradients, optimizer state, activations and temporaries, "
                      "runtime scalars; not the interpreter or input batches (see "
                      "process_peak_rss_bytes)"}
+    if plot_dir:
+        from exporters.report import plot_graph, plot_timeline
+
+        out = Path(plot_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        train = str(Path(artifact) / manifest.files["training_model"].path)
+        doc["plots"] = [str(plot_timeline(train, batch, r.breakdown, r.peak_bytes,
+                                          budget_bytes, out)),
+                        str(plot_graph(train, batch, out))]
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -227,6 +238,8 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, as_json
                   f"; predicted on {device} (roofline at peak): {device_time * 1e3:.1f} ms"))
     click.echo(f"step time on this machine: {r.step_time_s * 1e3:.1f} ms; "
                f"process peak RSS {_mib(r.process_peak_rss_bytes)}; torch loaded: {r.torch_loaded}")
+    for path in doc.get("plots", []):
+        click.echo(f"wrote {path}")
 
 
 @main.command()

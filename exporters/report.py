@@ -1,0 +1,123 @@
+"""Pictures of a training step's memory (host side, matplotlib).
+
+* timeline: bytes over the step's execution order, stacked by category. State parts are
+  exact; the activation curve is the static plan's live bytes (a prediction). The measured
+  peak and the budget are drawn as lines.
+* graph: the forward part of the training graph, in the spirit of an autograd graph. Each
+  node is annotated with the bytes of its output. Outputs that backward needs are *saved*
+  (kept alive until their gradient is computed); the others are freed once consumed.
+  Recomputed tensors get their own colour once recompute plans exist.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from exporters.memplan import (_drop_identities, _graph, execution_order, plan_step,  # noqa: E402
+                               runtime_shapes)
+
+COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
+          "activations": "#c44e52", "other": "#8172b3"}
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: int,
+                  budget_bytes: int | None, out: Path) -> Path:
+    """state: bytes of parameters, gradients, optimizer_state and other (flat bands)."""
+    plan = plan_step(training_model, batch)
+    x = np.arange(len(plan.timeline))
+    bands = [np.full(len(x), state[k], dtype=float) for k in
+             ("parameters", "gradients", "optimizer_state", "other")]
+    bands.append(np.asarray(plan.timeline, dtype=float))
+    labels = ["parameters", "gradients", "optimizer state", "other",
+              "activations (predicted live)"]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.stackplot(x, [b / 2**20 for b in bands], labels=labels,
+                 colors=[COLORS[k] for k in ("parameters", "gradients", "optimizer_state",
+                                             "other", "activations")], alpha=0.85)
+    ax.axhline(measured_peak / 2**20, color="black", ls="--", lw=1.2,
+               label=f"measured peak {_mib(measured_peak)}")
+    if budget_bytes:
+        ax.axhline(budget_bytes / 2**20, color="red", lw=1.5,
+                   label=f"budget {_mib(budget_bytes)}")
+    ax.set_xlabel("node of the training step, in ORT's execution order")
+    ax.set_ylabel("MiB")
+    ax.set_title(f"Training step memory at batch {batch}")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_xlim(0, max(1, len(x) - 1))
+    fig.tight_layout()
+    path = out / "timeline.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400) -> Path:
+    model = _graph(training_model)
+    nodes = _drop_identities(model)
+    shapes = runtime_shapes(model, batch)
+    order = execution_order(nodes)
+    backward = {i for i in order if _is_backward(nodes[i])}
+    # forward nodes that depend on the data (weight-only preprocessing is not an activation)
+    data = {v.name for v in model.graph.input if v.name == "input"}
+    forward = []
+    for i in order:
+        if i not in backward and any(x in data for x in nodes[i].input):
+            forward.append(i)
+            data.update(o for o in nodes[i].output if o)
+    forward = forward[:max_nodes]
+    consumers: dict[str, set[int]] = {}
+    for i in order:
+        for x in nodes[i].input:
+            consumers.setdefault(x, set()).add(i)
+    producer = {o: i for i in forward for o in nodes[i].output}
+    depth: dict[int, int] = {}
+    for i in forward:  # forward is in execution order, so producers come first
+        ups = [depth[producer[x]] for x in nodes[i].input if x in producer]
+        depth[i] = 1 + max(ups, default=-1)
+    levels: dict[int, list[int]] = {}
+    for i in forward:
+        levels.setdefault(depth[i], []).append(i)
+    pos = {i: (k - (len(v) - 1) / 2, -d) for d, v in levels.items() for k, i in enumerate(v)}
+    height = max(4.0, 0.32 * len(levels))
+    fig, ax = plt.subplots(figsize=(9, height))
+    for i in forward:
+        for x in nodes[i].input:
+            if x in producer:
+                (x0, y0), (x1, y1) = pos[producer[x]], pos[i]
+                ax.plot([x0, x1], [y0, y1], color="#999999", lw=0.6, zorder=1)
+    saved_total = 0
+    for i in forward:
+        out_name = nodes[i].output[0]
+        size = int(np.prod(shapes[out_name][0])) * shapes[out_name][1] if out_name in shapes else 0
+        saved = any(j in backward for j in consumers.get(out_name, ()))
+        saved_total += size if saved else 0
+        color = "#dd8452" if saved else "#dddddd"
+        ax.scatter(*pos[i], s=60, color=color, edgecolors="black", linewidths=0.4, zorder=2)
+        ax.annotate(f"{nodes[i].op_type} {_mib(size)}", pos[i], xytext=(6, -3),
+                    textcoords="offset points", fontsize=6)
+    ax.scatter([], [], color="#dd8452", edgecolors="black", label="saved for backward")
+    ax.scatter([], [], color="#dddddd", edgecolors="black", label="freed after forward")
+    ax.set_title(f"Forward graph at batch {batch}: {_mib(saved_total)} saved for backward")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.axis("off")
+    fig.tight_layout()
+    path = out / "graph.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _is_backward(node) -> bool:
+    return ("_Grad" in node.name or node.op_type.endswith("Grad")
+            or node.op_type.startswith("InPlaceAccumulator")
+            or any(x.endswith("_grad") for x in list(node.input) + list(node.output))
+            or node.op_type in ("Shape", "Size"))

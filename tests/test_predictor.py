@@ -47,3 +47,16 @@ def test_activation_plan_grows_with_batch_and_packs_above_live_peak(tiny_artifac
     for p in (small, big):
         assert p.pattern_bytes >= p.live_peak_bytes  # a packing never beats the live peak
         assert len(p.timeline) == len(p.order)
+
+
+def test_scratch_replay_by_hand(tiny_artifact):
+    """Tiny net: conv 3->4, 3x3, pad 1 on 8x8; one ConvGrad (dW only); head Linear 4->3."""
+    from exporters.memplan import scratch_bytes
+
+    path = str(tiny_artifact / "training_model.onnx")
+    # forward Conv: K = 27, 64 pixels, 4 filters -> complexity 6912 -> 1 thread x 16384 floats
+    mlas = 1 * 16384 * 4
+    # ConvGrad: column buffer 27 x 64 floats (6912 B) and bias multiplier 64 floats (256 B),
+    # both fit in the MLAS region, freed by then; weight gradients (at most 432 B) fit too
+    assert scratch_bytes(path, batch=4, threads=2) == mlas
+    assert scratch_bytes(path, batch=64, threads=2) == mlas  # independent of the batch

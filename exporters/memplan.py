@@ -22,13 +22,10 @@ from onnx import numpy_helper, shape_inference
 
 ALIAS_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 INPLACE_OPS = {"Relu"}
-# Ops whose unsized outputs we size by broadcasting their inputs. Deliberately without the
-# gradient builder's elementwise helpers (Mul, Add, Scale, ReluGrad ... outputs not named
-# `X_grad`, e.g. `*_Grad/PreReduceGrad0`): those stay unsized and out of the plan. This is a
-# calibration, not established ORT semantics: planning them over-predicts ORT's measured
-# pattern by 20-25% on all three seed networks, leaving them out matches it within a few
-# percent (docs/predictor.md). Why ORT needs no pattern space for them is an open question.
-SHAPE_FILL_OPS = {"Relu", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast"}
+# Ops whose outputs ONNX shape inference leaves unsized (gradient helpers included) and that
+# we size by broadcasting their inputs.
+SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
+                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast"}
 ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
 PATTERN_ALIGN = 64
 
@@ -373,9 +370,6 @@ def predict_memory(folder, trainable, frozen, batch: int, files: dict[str, str],
                       "run-time allocations through an arena model"}
 
 
-RUNTIME_FILL_OPS = SHAPE_FILL_OPS | {"ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum"}
-
-
 def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8
                    ) -> dict[str, tuple[tuple[int, ...], int]]:
     """Every tensor's size when the step runs (for FLOP and byte counts, not for the plan).
@@ -396,7 +390,7 @@ def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8
                 if n.op_type == "BatchNormInternal" and ins and ins[0] is not None:
                     c = (ins[0][0][1],)
                     found[o] = ins[0] if k == 0 else (c, ins[0][1])
-                elif n.op_type in RUNTIME_FILL_OPS and all(s is not None for s in ins if s):
+                elif n.op_type in SHAPE_FILL_OPS and all(s is not None for s in ins if s):
                     sized = [s for s in ins if s]
                     if sized and len(sized) == len([x for x in n.input if x]):
                         found[o] = (tuple(np.broadcast_shapes(*[s[0] for s in sized])),

@@ -82,9 +82,11 @@ def devices(as_json):
 @click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="On-device learning rate.")
 @click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
+@click.option("--recompute", type=click.Choice(["none", "sqrt"]), default="none",
+              show_default=True, help="Recompute plan written into the training graph.")
 @click.option("--json", "as_json", is_flag=True)
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs, lr, no_cache,
-           as_json):
+           recompute, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -102,7 +104,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
                              epochs=epochs)
         m = export_named(cfg, out, Plan(micro_batch=micro_batch, accumulation_steps=accumulate),
                          lr=lr, cache_dir=None if no_cache else Path(".cache/pretrain"),
-                         show_progress=not as_json)
+                         show_progress=not as_json, recompute=recompute)
     except (ValueError, DataError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
     if as_json:
@@ -112,6 +114,9 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
                f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
     click.echo(f"predicted peak at micro-batch {m.predicted['batch']} (a prediction): "
                f"{_mib(m.predicted['peak_bytes'])}")
+    if m.plan.recomputed:
+        click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
+                   f"{len(m.plan.recomputed)} tensors recomputed in backward")
 
 
 @main.command()

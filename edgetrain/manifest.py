@@ -70,8 +70,10 @@ class Plan:
     micro_batch: int = 8  # samples per forward/backward call
     accumulation_steps: int = 1  # micro-batches summed per optimizer step
     patch_size: int = 0
-    recompute: str = "none"
+    recompute: str = "none"  # the recompute planner that wrote the training graph
     batchnorm: str = "batch"  # "batch": batch statistics; "frozen": a fixed affine map
+    checkpoints: tuple[str, ...] = ()  # forward tensors kept as segment boundaries
+    recomputed: tuple[str, ...] = ()  # forward tensors rebuilt during backward
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class Manifest:
                 classes=tuple(d["classes"]),
                 trainable=tuple(_tensor(t) for t in d["trainable"]),
                 frozen=tuple(_tensor(t) for t in d["frozen"]),
-                plan=Plan(**d["plan"]),
+                plan=_plan(d["plan"]),
                 optimizer=dict(d["optimizer"]),
                 predicted=dict(d["predicted"]),
                 provenance=dict(d["provenance"]),
@@ -146,6 +148,13 @@ class Manifest:
     @property
     def frozen_bytes(self) -> int:
         return sum(t.nbytes for t in self.frozen)
+
+
+def _plan(d: dict) -> Plan:
+    d = dict(d)
+    for key in ("checkpoints", "recomputed"):
+        d[key] = tuple(d.get(key, ()))
+    return Plan(**d)
 
 
 def _tensor(t: dict) -> TensorSpec:

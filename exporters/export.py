@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
 from exporters.memplan import predict_memory
+from exporters.recompute import plan_and_rewrite
 
 FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
          "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
@@ -36,7 +37,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     plan: Plan = Plan(), lr: float = 1e-3, model_name: str = "custom",
                     image_shape: tuple[int, ...] | None = None, preprocess: str = "none",
                     preprocess_args: dict | None = None, provenance: dict | None = None,
-                    freeze_batchnorm: bool = False) -> Manifest:
+                    freeze_batchnorm: bool = False, recompute: str = "none",
+                    recompute_budget_bytes: int | None = None) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -46,6 +48,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     weight and bias still trainable), as fine-tuning on small micro-batches wants; the
     tensors keep their names. Otherwise BatchNorm uses batch statistics and updates its
     running statistics during training.
+    recompute: a planner of exporters.recompute.PLANNERS; its plan is written into the
+    training graph and recorded in the manifest.
     """
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
@@ -91,6 +95,10 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
         for role, name in FILES.items():
             (out / name).write_bytes((Path(tmp) / name).read_bytes())
     _fix_eval_batchnorm(out / FILES["eval_model"])
+    rplan = plan_and_rewrite(str(out / FILES["training_model"]), recompute,
+                             recompute_budget_bytes)
+    plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
+                               recomputed=rplan.recomputed)
     optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
 
     sample_shape = tuple(int(d) for d in example_input.shape[1:])

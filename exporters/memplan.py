@@ -68,6 +68,12 @@ def execution_order(nodes: list[onnx.NodeProto]) -> list[int]:
 
 def _drop_identities(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """ORT removes Identity nodes whose output is not a graph output; rewire their consumers."""
+    return drop_identities_with_renames(model)[0]
+
+
+def drop_identities_with_renames(model: onnx.ModelProto
+                                 ) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    """(kept nodes, removed tensor -> the tensor that now stands for it)."""
     outputs = {o.name for o in model.graph.output}
     rename, kept = {}, []
     for n in model.graph.node:
@@ -79,7 +85,7 @@ def _drop_identities(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         for k, x in enumerate(n.input):
             if x in rename:
                 n.input[k] = rename[x]
-    return kept
+    return kept, rename
 
 
 def tensor_shapes(model: onnx.ModelProto, batch: int) -> dict[str, tuple[tuple[int, ...], int]]:

@@ -1,0 +1,244 @@
+"""Recompute (gradient checkpointing) written into ORT's training graph.
+
+ORT's own memory optimizer does nothing on on-device artifacts, so the exporter rewrites the
+training graph itself. A plan names *checkpoints*: forward tensors that cut the graph in two,
+which backward keeps. The forward nodes between two checkpoints form a segment. Every tensor
+of a segment that backward needs (other than the segment's checkpoints) is *recomputed*: the
+segment's nodes are copied, the copies start from the segment's input checkpoint, and the
+backward consumers read the copies. The original forward tensors then die as soon as the
+forward pass no longer needs them.
+
+ORT's common-subexpression elimination would merge identical copies back into the
+originals. So each segment's copies start from `Reshape(checkpoint, Shape(checkpoint) +
+int64(0 * g[0]))`, where g is the gradient arriving at the segment's output. That is a
+zero-cost alias whose value depends on the gradient: it cannot be folded or merged, and it
+cannot run before backward reaches the segment.
+
+Planners are small functions in PLANNERS: (Forward, budget) -> checkpoints.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from exporters.memplan import drop_identities_with_renames, execution_order
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward part of a training graph, in ORT's execution order."""
+
+    nodes: tuple  # forward NodeProtos in execution order
+    cuts: tuple[str, ...]  # tensors that alone carry the forward pass past their position
+    saved: frozenset  # forward tensors that backward reads
+    position: dict  # tensor -> index of its producer in `nodes`
+
+
+def _is_backward(node) -> bool:
+    return ("_Grad" in node.name or node.op_type.endswith("Grad")
+            or node.op_type.startswith("InPlaceAccumulator")
+            or any(x.endswith("_grad") for x in list(node.input) + list(node.output)))
+
+
+def analyse(model: onnx.ModelProto, data_input: str = "input") -> Forward:
+    nodes = list(model.graph.node)
+    order = execution_order(nodes)
+    backward = [nodes[i] for i in order if _is_backward(nodes[i])]
+    data, fwd = {data_input}, []
+    for i in order:
+        n = nodes[i]
+        if not _is_backward(n) and n.op_type not in ("Shape", "Size") and any(
+                x in data for x in n.input):
+            fwd.append(n)
+            data.update(o for o in n.output if o)
+    position = {o: k for k, n in enumerate(fwd) for o in n.output if o}
+    last_forward_use: dict[str, int] = {}
+    for k, n in enumerate(fwd):
+        for x in n.input:
+            if x in position:
+                last_forward_use[x] = k
+    cuts = []
+    for k, n in enumerate(fwd[:-1]):
+        crossing = [t for t, p in position.items() if p <= k and last_forward_use.get(t, -1) > k]
+        if len(crossing) == 1 and crossing[0] == n.output[0]:
+            cuts.append(crossing[0])
+    read_by_backward = {x for n in backward for x in n.input}
+    saved = frozenset(t for t in position if t in read_by_backward)
+    return Forward(tuple(fwd), tuple(cuts), saved, position)
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    planner: str
+    checkpoints: tuple[str, ...]  # kept forward tensors that bound the segments
+    recomputed: tuple[str, ...]  # saved tensors rebuilt during backward
+
+    def to_dict(self) -> dict:
+        return {"planner": self.planner, "checkpoints": list(self.checkpoints),
+                "recomputed": list(self.recomputed)}
+
+
+def segments(fwd: Forward, checkpoints: tuple[str, ...]) -> list[tuple[str | None, str, list]]:
+    """(input checkpoint or None for the graph input, output checkpoint, nodes) per segment."""
+    bounds = sorted(fwd.position[c] for c in checkpoints)
+    out, start, prev = [], 0, None
+    for b in bounds:
+        out.append((prev, fwd.nodes[b].output[0], list(fwd.nodes[start:b + 1])))
+        start, prev = b + 1, fwd.nodes[b].output[0]
+    return out
+
+
+def recomputed_tensors(fwd: Forward, checkpoints: tuple[str, ...]) -> tuple[str, ...]:
+    """Saved tensors inside segments, except each segment's own output checkpoint.
+
+    The segment after the last checkpoint is never recomputed: backward needs it first."""
+    keep = set(checkpoints)
+    names = []
+    for _, _, seg_nodes in segments(fwd, checkpoints):
+        for n in seg_nodes:
+            names += [o for o in n.output if o in fwd.saved and o not in keep]
+    return tuple(names)
+
+
+# ---- planners ------------------------------------------------------------------------------
+def plan_none(fwd: Forward, budget_bytes: int | None = None) -> tuple[str, ...]:
+    return ()
+
+
+def plan_sqrt(fwd: Forward, budget_bytes: int | None = None) -> tuple[str, ...]:
+    """Chen et al. 2016: about sqrt(n) evenly spaced checkpoints among the n cut points."""
+    n = len(fwd.cuts)
+    if n < 2:
+        return ()
+    k = max(1, round(math.sqrt(n)))
+    step = n / (k + 1)
+    return tuple(fwd.cuts[min(n - 1, round(step * (j + 1)) - 1)] for j in range(k))
+
+
+PLANNERS: dict[str, Callable[[Forward, int | None], tuple[str, ...]]] = {
+    "none": plan_none,
+    "sqrt": plan_sqrt,
+}
+
+
+def make_plan(model: onnx.ModelProto, planner: str, budget_bytes: int | None = None
+              ) -> RecomputePlan:
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown recompute planner {planner!r}; choose one of {sorted(PLANNERS)}")
+    fwd = analyse(model)
+    checkpoints = PLANNERS[planner](fwd, budget_bytes)
+    return RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
+
+
+# ---- the rewrite ---------------------------------------------------------------------------
+def apply(model: onnx.ModelProto, plan: RecomputePlan,
+          renamed: dict[str, str] | None = None) -> onnx.ModelProto:
+    """Return a copy of the training graph with `plan`'s tensors recomputed in backward.
+
+    renamed: tensors removed with Identity nodes -> the tensor that stands for them."""
+    renamed = renamed or {}
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if not plan.recomputed:
+        return m
+    fwd = analyse(m)
+    wanted = set(plan.recomputed)
+    zero = numpy_helper.from_array(np.array(0, np.float32), "recompute.zero")
+    m.graph.initializer.append(zero)
+    new_nodes: list[onnx.NodeProto] = []
+    rename: dict[str, str] = {}
+    for s, (src, out, seg_nodes) in enumerate(segments(fwd, plan.checkpoints)):
+        targets = [o for n in seg_nodes for o in n.output if o in wanted]
+        if not targets:
+            continue
+        needed = _ancestors_within(seg_nodes, targets)
+        start = src if src is not None else "input"
+        grad = renamed.get(f"{out}_grad", f"{out}_grad")
+        dep = _gradient_dependency(m, s, start, grad)
+        new_nodes += dep.nodes
+        local = {start: dep.output}
+        for n in seg_nodes:
+            if n.name not in needed:
+                continue
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = f"{n.name}_recompute"
+            for k, x in enumerate(copy.input):
+                copy.input[k] = local.get(x, x)
+            for k, o in enumerate(copy.output):
+                if o:
+                    local[o] = copy.output[k] = f"{o}_recompute"
+            new_nodes.append(copy)
+        rename.update({t: local[t] for t in targets})
+    for n in m.graph.node:
+        if _is_backward(n):
+            for k, x in enumerate(n.input):
+                if x in rename:
+                    n.input[k] = rename[x]
+    m.graph.node.extend(new_nodes)
+    return m
+
+
+@dataclass
+class _Dependency:
+    nodes: list
+    output: str
+
+
+def _gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> _Dependency:
+    """Reshape(tensor, Shape(tensor) + int64(0 * grad[0])): an alias ordered after `grad`."""
+    if grad not in {o for n in m.graph.node for o in n.output}:
+        raise ValueError(f"recompute: no gradient {grad!r} in the training graph to order "
+                         f"segment {s}'s recompute after; choose checkpoints on the data path")
+    p = f"recompute.seg{s}"
+    flat_shape = numpy_helper.from_array(np.array([-1], np.int64), f"{p}.flat")
+    first = [numpy_helper.from_array(np.array([v], np.int64), f"{p}.{k}")
+             for k, v in (("start", 0), ("end", 1))]
+    m.graph.initializer.extend([flat_shape, *first])
+    nodes = [
+        helper.make_node("Reshape", [grad, f"{p}.flat"], [f"{p}.g_flat"], name=f"{p}.flat"),
+        helper.make_node("Slice", [f"{p}.g_flat", f"{p}.start", f"{p}.end"], [f"{p}.g0"],
+                         name=f"{p}.g0"),
+        helper.make_node("Mul", [f"{p}.g0", "recompute.zero"], [f"{p}.z"], name=f"{p}.z"),
+        helper.make_node("Cast", [f"{p}.z"], [f"{p}.zi"], to=onnx.TensorProto.INT64,
+                         name=f"{p}.zi"),
+        helper.make_node("Shape", [tensor], [f"{p}.shape"], name=f"{p}.shape"),
+        helper.make_node("Add", [f"{p}.shape", f"{p}.zi"], [f"{p}.shape_dep"],
+                         name=f"{p}.shape_dep"),
+        helper.make_node("Reshape", [tensor, f"{p}.shape_dep"], [f"{p}.start_tensor"],
+                         name=f"{p}.start_tensor"),
+    ]
+    return _Dependency(nodes, f"{p}.start_tensor")
+
+
+def _ancestors_within(seg_nodes: list, targets: list[str]) -> set[str]:
+    """Names of the segment's nodes needed to rebuild `targets`."""
+    producer = {o: n for n in seg_nodes for o in n.output if o}
+    needed, stack = set(), list(targets)
+    while stack:
+        t = stack.pop()
+        n = producer.get(t)
+        if n is None or n.name in needed:
+            continue
+        needed.add(n.name)
+        stack.extend(n.input)
+    return needed
+
+
+def plan_and_rewrite(path: str, planner: str, budget_bytes: int | None = None
+                     ) -> RecomputePlan:
+    """Plan recompute for the training graph at `path` and rewrite the file in place.
+
+    Both work on the graph as ORT runs it (Identity nodes removed), so names match."""
+    model = onnx.load(path)
+    kept, renamed = drop_identities_with_renames(model)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    plan = make_plan(model, planner, budget_bytes)
+    onnx.save(apply(model, plan, renamed), path)
+    return plan

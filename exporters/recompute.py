@@ -240,5 +240,6 @@ def plan_and_rewrite(path: str, planner: str, budget_bytes: int | None = None
     del model.graph.node[:]
     model.graph.node.extend(kept)
     plan = make_plan(model, planner, budget_bytes)
-    onnx.save(apply(model, plan, renamed), path)
+    if plan.recomputed:  # otherwise the file stays exactly as ORT's artifact builder wrote it
+        onnx.save(apply(model, plan, renamed), path)
     return plan

@@ -9,10 +9,12 @@ backward consumers read the copies. The original forward tensors then die as soo
 forward pass no longer needs them.
 
 ORT's common-subexpression elimination would merge identical copies back into the
-originals. So each segment's copies start from `Reshape(checkpoint, Shape(checkpoint) +
-int64(0 * g[0]))`, where g is the gradient arriving at the segment's output. That is a
-zero-cost alias whose value depends on the gradient: it cannot be folded or merged, and it
-cannot run before backward reaches the segment.
+originals. So each segment's copies start from `PassThrough(checkpoint, g)`, where g is the
+gradient arriving at the segment's output: a zero-cost alias with the checkpoint's static
+shape, which cannot be merged and cannot run before backward reaches the segment. (A
+Reshape to a shape computed from g also orders the copies, but a computed shape hides the
+copies' shapes from ORT's planner: they were then allocated one by one at run time, and
+ResNet-50 saved 1.34x instead of the planned amount.)
 
 Planners are small functions in PLANNERS: (Forward, budget) -> checkpoints.
 """
@@ -22,9 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from exporters.memplan import drop_identities_with_renames, execution_order
 
@@ -148,8 +149,6 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
         return m
     fwd = analyse(m)
     wanted = set(plan.recomputed)
-    zero = numpy_helper.from_array(np.array(0, np.float32), "recompute.zero")
-    m.graph.initializer.append(zero)
     new_nodes: list[onnx.NodeProto] = []
     rename: dict[str, str] = {}
     for s, (src, out, seg_nodes) in enumerate(segments(fwd, plan.checkpoints)):
@@ -191,29 +190,20 @@ class _Dependency:
 
 
 def _gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> _Dependency:
-    """Reshape(tensor, Shape(tensor) + int64(0 * grad[0])): an alias ordered after `grad`."""
+    """PassThrough(tensor, grad)[0]: an alias of `tensor` that ORT runs only after `grad`.
+
+    com.microsoft.PassThrough (an ORT training kernel) outputs its inputs unchanged as
+    aliases: no copy, static shapes kept (so ORT still plans the copies' memory), and an
+    input no common-subexpression pass can match with the original forward nodes."""
     if grad not in {o for n in m.graph.node for o in n.output}:
         raise ValueError(f"recompute: no gradient {grad!r} in the training graph to order "
                          f"segment {s}'s recompute after; choose checkpoints on the data path")
+    if not any(o.domain == "com.microsoft" for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     p = f"recompute.seg{s}"
-    flat_shape = numpy_helper.from_array(np.array([-1], np.int64), f"{p}.flat")
-    first = [numpy_helper.from_array(np.array([v], np.int64), f"{p}.{k}")
-             for k, v in (("start", 0), ("end", 1))]
-    m.graph.initializer.extend([flat_shape, *first])
-    nodes = [
-        helper.make_node("Reshape", [grad, f"{p}.flat"], [f"{p}.g_flat"], name=f"{p}.flat"),
-        helper.make_node("Slice", [f"{p}.g_flat", f"{p}.start", f"{p}.end"], [f"{p}.g0"],
-                         name=f"{p}.g0"),
-        helper.make_node("Mul", [f"{p}.g0", "recompute.zero"], [f"{p}.z"], name=f"{p}.z"),
-        helper.make_node("Cast", [f"{p}.z"], [f"{p}.zi"], to=onnx.TensorProto.INT64,
-                         name=f"{p}.zi"),
-        helper.make_node("Shape", [tensor], [f"{p}.shape"], name=f"{p}.shape"),
-        helper.make_node("Add", [f"{p}.shape", f"{p}.zi"], [f"{p}.shape_dep"],
-                         name=f"{p}.shape_dep"),
-        helper.make_node("Reshape", [tensor, f"{p}.shape_dep"], [f"{p}.start_tensor"],
-                         name=f"{p}.start_tensor"),
-    ]
-    return _Dependency(nodes, f"{p}.start_tensor")
+    node = helper.make_node("PassThrough", [tensor, grad], [f"{p}.start", f"{p}.after_grad"],
+                            name=f"{p}.pass_through", domain="com.microsoft")
+    return _Dependency([node], f"{p}.start")
 
 
 def _ancestors_within(seg_nodes: list, targets: list[str]) -> set[str]:

@@ -80,7 +80,7 @@ def devices(as_json):
 @click.option("--accumulate", type=int, default=1, show_default=True,
               help="Micro-batches summed per optimizer step.")
 @click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
-@click.option("--lr", type=float, default=1e-3, show_default=True, help="On-device learning rate.")
+@click.option("--lr", type=float, default=3e-4, show_default=True, help="On-device learning rate.")
 @click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
 @click.option("--recompute", type=click.Choice(["none", "sqrt"]), default="none",
               show_default=True, help="Recompute plan written into the training graph.")
@@ -127,7 +127,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
 @click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
 @click.option("--budget", type=Bytes(), help="RAM budget for training, e.g. 15MB or 8692224.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder.")
-@click.option("--epochs", type=int, default=2, show_default=True)
+@click.option("--epochs", type=int, default=3, show_default=True)
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
 @click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")

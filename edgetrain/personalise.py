@@ -24,7 +24,7 @@ from edgetrain.runtime import DeviceRuntime
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 2
+    epochs: int = 3
     lr: float | None = None  # None: the artifact's learning rate
     micro_batch: int | None = None  # None: the artifact's plan
     accumulation_steps: int | None = None

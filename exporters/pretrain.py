@@ -107,7 +107,7 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     return model, {**summary, **train, "cache": str(cached) if cached else None}
 
 
-def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 1e-3,
+def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none") -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact."""

@@ -212,6 +212,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
            **r.to_dict(), "predicted_peak_bytes": pred["peak_bytes"],
            "predicted_breakdown": pred["breakdown"],
            "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,
+           "recompute": _recompute_summary(manifest, cost),
            "predicted_device_step_time_s": device_time,
            "covers": "every byte ONNX Runtime allocates for the training working set: "
                      "parameters, gradients, optimizer state, activations and temporaries, "
@@ -235,6 +236,11 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
                   f"  ({'within' if r.peak_bytes <= budget_bytes else 'OVER'} budget)"))
     for k, v in r.breakdown.items():
         click.echo(f"  {k:16s} {v:>14,}   predicted {pred['breakdown'][k]:>14,}")
+    rc = doc["recompute"]
+    if rc["recomputed"]:
+        click.echo(f"recompute ({rc['planner']}): {len(rc['recomputed'])} tensors rebuilt in "
+                   f"backward from {len(rc['checkpoints'])} checkpoints, "
+                   f"+{rc['extra_flops_ratio']:.0%} FLOPs per step")
     err = (pred["peak_bytes"] - r.peak_bytes) / r.peak_bytes
     click.echo(f"predicted peak (static graph plan): {_mib(pred['peak_bytes'])}  "
                f"({err:+.1%} of measured)")
@@ -288,6 +294,14 @@ def fit(artifact, device, budget, as_json):
                f"batch {r.max_batch + 1} fails cleanly ({r.runs} capped runs)")
     click.echo(f"throughput at batch {r.max_batch} on this machine: "
                f"{r.throughput_samples_per_s:.1f} samples/s ({r.step_time_s * 1e3:.1f} ms/step)")
+
+
+def _recompute_summary(manifest, cost) -> dict:
+    """The manifest's recompute plan and the FLOPs its copies add to a step (counted)."""
+    extra = sum(f for name, _, f, _ in cost.nodes if name.endswith("_recompute"))
+    return {"planner": manifest.plan.recompute, "checkpoints": list(manifest.plan.checkpoints),
+            "recomputed": list(manifest.plan.recomputed), "extra_flops": extra,
+            "extra_flops_ratio": round(extra / max(1, cost.flops - extra), 4)}
 
 
 class _progress:

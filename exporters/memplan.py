@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-ALIAS_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+ALIAS_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "PassThrough"}
 INPLACE_OPS = {"Relu"}
 # Ops whose outputs ONNX shape inference leaves unsized (gradient helpers included) and that
 # we size by broadcasting their inputs.
@@ -112,7 +112,9 @@ def tensor_shapes(model: onnx.ModelProto, batch: int) -> dict[str, tuple[tuple[i
         for k, o in enumerate(n.output):
             if not o or o in out:
                 continue
-            if o.endswith("_grad") and o[:-5] in out:
+            if n.op_type == "PassThrough" and k < len(n.input) and n.input[k] in out:
+                out[o] = out[n.input[k]]  # output k is input k (recompute's ordering alias)
+            elif o.endswith("_grad") and o[:-5] in out:
                 out[o] = out[o[:-5]]
             elif n.op_type in SHAPE_FILL_OPS and all(x in out for x in n.input if x):
                 shapes = [out[x][0] for x in n.input if x]
@@ -166,6 +168,8 @@ def plan_step(path: str, batch: int) -> StepPlan:
                 continue
             size = _nbytes(shapes[o])
             src = n.input[0] if n.input else None
+            if n.op_type == "PassThrough" and k < len(n.input):
+                src = n.input[k]
             if n.op_type in ALIAS_OPS and src in buffer_of:
                 b = buffer_of[src]
             elif (n.op_type in INPLACE_OPS and k == 0 and src in buffer_of

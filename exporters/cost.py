@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from exporters.memplan import _drop_identities, _graph, runtime_shapes
+from exporters.memplan import _drop_identities, _graph, forward_conv_outputs, runtime_shapes
 
 ADAMW_FLOPS_PER_VALUE = 12
 ADAMW_BYTES_PER_VALUE = 7 * 4
@@ -43,8 +43,7 @@ def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
     model = _graph(training_model)
     nodes = _drop_identities(model)
     shapes = runtime_shapes(model, batch)
-    # a ConvGrad's output-gradient may be unsized; its forward Conv (same X and W) is not
-    conv_out = {(n.input[0], n.input[1]): n.output[0] for n in nodes if n.op_type == "Conv"}
+    conv_out = forward_conv_outputs(nodes)
     rows = []
     for n in nodes:
         known = [shapes[x] for x in list(n.input) + list(n.output) if x in shapes]

@@ -88,6 +88,22 @@ def drop_identities_with_renames(model: onnx.ModelProto
     return kept, rename
 
 
+def without_identities(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of the graph as ORT runs it (Identity nodes removed), and the renames."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    kept, renamed = drop_identities_with_renames(m)
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    return m, renamed
+
+
+def forward_conv_outputs(nodes) -> dict[tuple[str, str], str]:
+    """(X, W) -> output of the forward Conv; a ConvGrad reads the same X and W, and its own
+    output-gradient input may be unsized, so its output geometry comes from here."""
+    return {(n.input[0], n.input[1]): n.output[0] for n in nodes if n.op_type == "Conv"}
+
+
 def tensor_shapes(model: onnx.ModelProto, batch: int) -> dict[str, tuple[tuple[int, ...], int]]:
     """name -> (shape, itemsize) for every tensor of the graph at `batch`."""
     m = onnx.ModelProto()
@@ -157,7 +173,7 @@ def plan_step(path: str, batch: int) -> StepPlan:
         last_use[o] = end
 
     buffer_of: dict[str, int] = {}  # tensor -> buffer id
-    buffers: list[dict] = []  # {size, start, end, users}
+    buffers: list[dict] = []  # {size, key, start, users, live, spans}
     free_by_size: dict[int, list[int]] = {}
     live = 0
     timeline = []
@@ -174,7 +190,7 @@ def plan_step(path: str, batch: int) -> StepPlan:
                 b = buffer_of[src]
             elif (n.op_type in INPLACE_OPS and k == 0 and src in buffer_of
                   and last_use.get(src) == t and buffers[buffer_of[src]]["size"] == size
-                  and _sole_user(buffers[buffer_of[src]], src, last_use, t)):
+                  and _users_dead(buffers[buffer_of[src]], last_use, t)):
                 b = buffer_of[src]
             elif free_by_size.get(shapes[o]):
                 b = free_by_size[shapes[o]].pop()
@@ -182,7 +198,7 @@ def plan_step(path: str, batch: int) -> StepPlan:
                 live += size
             else:
                 b = len(buffers)
-                buffers.append({"size": size, "key": shapes[o], "start": t, "end": t,
+                buffers.append({"size": size, "key": shapes[o], "start": t,
                                 "users": [], "live": True, "spans": []})
                 live += size
             buffer_of[o] = b
@@ -192,7 +208,7 @@ def plan_step(path: str, batch: int) -> StepPlan:
             b = buffer_of.get(x)
             if b is None or not buffers[b]["live"]:
                 continue
-            if all(last_use.get(u, t) <= t for u in buffers[b]["users"]):
+            if _users_dead(buffers[b], last_use, t):
                 buffers[b]["live"] = False
                 buffers[b]["spans"].append((buffers[b]["start"], t))
                 live -= buffers[b]["size"]
@@ -217,7 +233,8 @@ def _parameter_gradients(model: onnx.ModelProto, nodes) -> set[str]:
     return {o for n in nodes for o in n.output if o.endswith("_grad") and o[:-5] in params}
 
 
-def _sole_user(buf: dict, src: str, last_use: dict, t: int) -> bool:
+def _users_dead(buf: dict, last_use: dict, t: int) -> bool:
+    """No tensor sharing this buffer is read after node t."""
     return all(last_use.get(u, t) <= t for u in buf["users"])
 
 
@@ -276,7 +293,7 @@ def scratch_bytes(path: str, batch: int, threads: int) -> int:
     position = {i: t for t, i in enumerate(order)}
     last_use = {x: position[i] for i in order for x in nodes[i].input}
     weight_grads = _parameter_gradients(model, nodes)
-    conv_out = {(n.input[0], n.input[1]): n.output[0] for n in nodes if n.op_type == "Conv"}
+    conv_out = forward_conv_outputs(nodes)
     arena = _RegionArena()
     live: list[str] = []
     for t, i in enumerate(order):

@@ -27,7 +27,7 @@ from typing import Callable
 import onnx
 from onnx import helper
 
-from exporters.memplan import drop_identities_with_renames, execution_order
+from exporters.memplan import execution_order, without_identities
 
 
 @dataclass(frozen=True)
@@ -225,10 +225,7 @@ def plan_and_rewrite(path: str, planner: str, budget_bytes: int | None = None
     """Plan recompute for the training graph at `path` and rewrite the file in place.
 
     Both work on the graph as ORT runs it (Identity nodes removed), so names match."""
-    model = onnx.load(path)
-    kept, renamed = drop_identities_with_renames(model)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    model, renamed = without_identities(onnx.load(path))
     plan = make_plan(model, planner, budget_bytes)
     if plan.recomputed:  # otherwise the file stays exactly as ORT's artifact builder wrote it
         onnx.save(apply(model, plan, renamed), path)

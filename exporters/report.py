@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from exporters.memplan import (_drop_identities, _graph, execution_order, plan_step,  # noqa: E402
-                               runtime_shapes)
+from exporters.memplan import _graph, plan_step, runtime_shapes, without_identities  # noqa: E402
+from exporters.recompute import analyse  # noqa: E402
 
 COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
           "activations": "#c44e52", "other": "#8172b3"}
@@ -61,23 +61,11 @@ def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: i
 
 
 def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400) -> Path:
-    model = _graph(training_model)
-    nodes = _drop_identities(model)
+    model, _ = without_identities(_graph(training_model))
     shapes = runtime_shapes(model, batch)
-    order = execution_order(nodes)
-    backward = {i for i in order if _is_backward(nodes[i])}
-    # forward nodes that depend on the data (weight-only preprocessing is not an activation)
-    data = {v.name for v in model.graph.input if v.name == "input"}
-    forward = []
-    for i in order:
-        if i not in backward and any(x in data for x in nodes[i].input):
-            forward.append(i)
-            data.update(o for o in nodes[i].output if o)
-    forward = forward[:max_nodes]
-    consumers: dict[str, set[int]] = {}
-    for i in order:
-        for x in nodes[i].input:
-            consumers.setdefault(x, set()).add(i)
+    fwd = analyse(model)  # forward nodes that depend on the data, and what backward reads
+    nodes = fwd.nodes[:max_nodes]
+    forward = list(range(len(nodes)))
     producer = {o: i for i in forward for o in nodes[i].output}
     depth: dict[int, int] = {}
     for i in forward:  # forward is in execution order, so producers come first
@@ -98,7 +86,7 @@ def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400)
     for i in forward:
         out_name = nodes[i].output[0]
         size = int(np.prod(shapes[out_name][0])) * shapes[out_name][1] if out_name in shapes else 0
-        saved = any(j in backward for j in consumers.get(out_name, ()))
+        saved = out_name in fwd.saved
         saved_total += size if saved else 0
         color = "#dd8452" if saved else "#dddddd"
         ax.scatter(*pos[i], s=60, color=color, edgecolors="black", linewidths=0.4, zorder=2)
@@ -114,10 +102,3 @@ def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def _is_backward(node) -> bool:
-    return ("_Grad" in node.name or node.op_type.endswith("Grad")
-            or node.op_type.startswith("InPlaceAccumulator")
-            or any(x.endswith("_grad") for x in list(node.input) + list(node.output))
-            or node.op_type in ("Shape", "Size"))

@@ -108,10 +108,16 @@ def tensor_shapes(model: onnx.ModelProto, batch: int) -> dict[str, tuple[tuple[i
     """name -> (shape, itemsize) for every tensor of the graph at `batch`."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    batch_params = set()
     for v in m.graph.input:
         dims = v.type.tensor_type.shape.dim
         if dims and dims[0].dim_param:
+            batch_params.add(dims[0].dim_param)
             dims[0].dim_value = batch
+    for v in m.graph.value_info:  # declared tensors (recompute copies) share the batch symbol
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in batch_params:
+                d.dim_value = batch
     m = shape_inference.infer_shapes(m, strict_mode=False)
     out: dict[str, tuple[tuple[int, ...], int]] = {}
     for v in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):

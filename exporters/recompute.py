@@ -180,7 +180,27 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
                 if x in rename:
                     n.input[k] = rename[x]
     m.graph.node.extend(new_nodes)
+    _declare_types(m, new_nodes)
     return m
+
+
+def _declare_types(m: onnx.ModelProto, new_nodes: list) -> None:
+    """Declare every new tensor with the type and shape of the tensor it stands for.
+
+    ONNX shape inference has no shape function for com.microsoft.PassThrough, so without
+    these declarations the copies are unsized for any tool that reads the graph (the static
+    predictor counted them as zero bytes)."""
+    known = {v.name: v for v in list(m.graph.value_info) + list(m.graph.input)
+             + list(m.graph.output)}
+    for n in new_nodes:
+        for k, o in enumerate(n.output):
+            src = n.input[k] if n.op_type == "PassThrough" else o.removesuffix("_recompute")
+            if o and o != src and src in known and o not in known:
+                v = onnx.ValueInfoProto()
+                v.CopyFrom(known[src])
+                v.name = o
+                m.graph.value_info.append(v)
+                known[o] = v
 
 
 @dataclass

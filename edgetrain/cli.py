@@ -82,11 +82,14 @@ def devices(as_json):
 @click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
 @click.option("--lr", type=float, default=3e-4, show_default=True, help="On-device learning rate.")
 @click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
-@click.option("--recompute", type=click.Choice(["none", "sqrt"]), default="none",
-              show_default=True, help="Recompute plan written into the training graph.")
+@click.option("--recompute", type=click.Choice(["none", "sqrt", "budget"]), default="none",
+              show_default=True, help="Recompute plan written into the training graph; "
+              "budget: the cheapest plan predicted to fit --budget or --device.")
+@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Budget from a device profile.")
+@click.option("--budget", type=Bytes(), help="Byte budget for --recompute budget, e.g. 64MiB.")
 @click.option("--json", "as_json", is_flag=True)
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs, lr, no_cache,
-           recompute, as_json):
+           recompute, device, budget, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -99,12 +102,17 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
 
     onnxruntime.set_default_logger_severity(3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    _, budget_bytes = _budget(device, budget)
+    if (recompute == "budget") != (budget_bytes is not None):
+        raise click.UsageError("--recompute budget needs --budget or --device, and they only "
+                               "apply to it")
     try:
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs)
         m = export_named(cfg, out, Plan(micro_batch=micro_batch, accumulation_steps=accumulate),
                          lr=lr, cache_dir=None if no_cache else Path(".cache/pretrain"),
-                         show_progress=not as_json, recompute=recompute)
+                         show_progress=not as_json, recompute=recompute,
+                         recompute_budget_bytes=budget_bytes)
     except (ValueError, DataError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
     if as_json:
@@ -114,7 +122,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
                f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
     click.echo(f"predicted peak at micro-batch {m.predicted['batch']} (a prediction): "
                f"{_mib(m.predicted['peak_bytes'])}")
-    if m.plan.recomputed:
+    if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward")
 

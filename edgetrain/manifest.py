@@ -74,6 +74,7 @@ class Plan:
     batchnorm: str = "batch"  # "batch": batch statistics; "frozen": a fixed affine map
     checkpoints: tuple[str, ...] = ()  # forward tensors kept as segment boundaries
     recomputed: tuple[str, ...] = ()  # forward tensors rebuilt during backward
+    recompute_budget_bytes: int | None = None  # the budget the "budget" planner planned for
 
 
 @dataclass(frozen=True)

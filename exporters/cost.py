@@ -40,7 +40,14 @@ def _conv_flops(x_shape, w_shape, y_shape, group: int) -> int:
 
 
 def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
-    model = _graph(training_model)
+    rows = node_costs(_graph(training_model), batch)
+    rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
+                 ADAMW_BYTES_PER_VALUE * trained_values))
+    return StepCost(batch, sum(r[2] for r in rows), sum(r[3] for r in rows), tuple(rows))
+
+
+def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, int]]:
+    """(name, op, FLOPs, bytes) of every node of the graph as ORT runs it, at `batch`."""
     nodes = _drop_identities(model)
     shapes = runtime_shapes(model, batch)
     conv_out = forward_conv_outputs(nodes)
@@ -69,6 +76,4 @@ def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
         else:  # elementwise, reductions, normalisation: about one FLOP per value touched
             flops = max((_numel(s) for s, _ in known), default=0)
         rows.append((n.name, n.op_type, int(flops), int(nbytes)))
-    rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
-                 ADAMW_BYTES_PER_VALUE * trained_values))
-    return StepCost(batch, sum(r[2] for r in rows), sum(r[3] for r in rows), tuple(rows))
+    return rows

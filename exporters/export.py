@@ -95,16 +95,23 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
         for role, name in FILES.items():
             (out / name).write_bytes((Path(tmp) / name).read_bytes())
     _fix_eval_batchnorm(out / FILES["eval_model"])
-    rplan = plan_and_rewrite(str(out / FILES["training_model"]), recompute,
-                             recompute_budget_bytes)
-    plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
-                               recomputed=rplan.recomputed)
-    optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
-
     sample_shape = tuple(int(d) for d in example_input.shape[1:])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
+
+    def predicted_peak() -> int:
+        return predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch,
+                              FILES)["peak_bytes"]
+
+    rplan = plan_and_rewrite(str(out / FILES["training_model"]), recompute,
+                             batch=plan.micro_batch, budget_bytes=recompute_budget_bytes,
+                             predict_file_peak=predicted_peak)
+    plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
+                               recomputed=rplan.recomputed,
+                               recompute_budget_bytes=recompute_budget_bytes)
+    optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
+
     predicted = predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch, FILES)
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,

@@ -16,13 +16,13 @@ Reshape to a shape computed from g also orders the copies, but a computed shape 
 copies' shapes from ORT's planner: they were then allocated one by one at run time, and
 ResNet-50 saved 1.34x instead of the planned amount.)
 
-Planners are small functions in PLANNERS: (Forward, budget) -> checkpoints.
+Planners are small functions in PLANNERS: (Forward, PlanRequest) -> checkpoints.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import onnx
 from onnx import helper
@@ -107,11 +107,23 @@ def recomputed_tensors(fwd: Forward, checkpoints: tuple[str, ...]) -> tuple[str,
 
 
 # ---- planners ------------------------------------------------------------------------------
-def plan_none(fwd: Forward, budget_bytes: int | None = None) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a planner may use besides the forward graph."""
+
+    budget_bytes: int | None = None  # the device's whole training peak must fit in this
+    tensor_bytes: Mapping[str, int] = field(default_factory=dict)  # at the planned batch
+    node_flops: Mapping[str, int] = field(default_factory=dict)  # forward node name -> FLOPs
+    # checkpoints -> predicted peak bytes of the step with that plan written in (the static
+    # predictor on the rewritten graph); the budget planner checks its answer with it
+    predict_peak: Callable[[tuple[str, ...]], int] | None = None
+
+
+def plan_none(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
     return ()
 
 
-def plan_sqrt(fwd: Forward, budget_bytes: int | None = None) -> tuple[str, ...]:
+def plan_sqrt(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
     """Chen et al. 2016: about sqrt(n) evenly spaced checkpoints among the n cut points."""
     n = len(fwd.cuts)
     if n < 2:
@@ -121,19 +133,181 @@ def plan_sqrt(fwd: Forward, budget_bytes: int | None = None) -> tuple[str, ...]:
     return tuple(fwd.cuts[min(n - 1, round(step * (j + 1)) - 1)] for j in range(k))
 
 
-PLANNERS: dict[str, Callable[[Forward, int | None], tuple[str, ...]]] = {
+def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
+    """The plan with the fewest recomputed FLOPs whose predicted peak fits req.budget_bytes.
+
+    Candidates: every plan on the segment model's exact Pareto frontier of (activation bytes,
+    FLOPs) (SegmentModel.frontier, dynamic programming over all subsets of cut points), plus
+    the sqrt plan. The segment model cannot see how ORT's memory pattern fragments, so each
+    candidate is judged by the static predictor on its rewritten graph, cheapest first; a
+    candidate is skipped without a prediction when even the smallest predictor-minus-model
+    gap seen so far would put it over the budget. A plan fits when its predicted peak leaves
+    HEADROOM of the budget free: the predictor runs up to 0.8% under measurement on rewritten
+    graphs (arena growth while checkpoints are written, not modelled). Raises ValueError,
+    naming the smallest predicted peak reached, when no candidate fits."""
+    if req.budget_bytes is None or req.predict_peak is None:
+        raise ValueError("the budget planner needs a byte budget (--budget or --device)")
+    model = SegmentModel(fwd, req)
+    usable = req.budget_bytes - headroom_bytes(req.budget_bytes)
+    candidates = {ck: model.flops(ck) for ck in model.frontier()}
+    candidates.setdefault(plan_sqrt(fwd, req), model.flops(plan_sqrt(fwd, req)))
+    predicted: dict[tuple[str, ...], int] = {}
+    gap = None  # smallest (predicted peak - model peak) seen
+    for ck in sorted(candidates, key=lambda c: (candidates[c], model.peak(c))):
+        if gap is not None and model.peak(ck) + gap > usable:
+            continue
+        predicted[ck] = req.predict_peak(ck)
+        gap = min(g for g in [gap, predicted[ck] - model.peak(ck)] if g is not None)
+        if predicted[ck] <= usable:
+            return ck
+    for ck in (model.frontier()[-1], plan_sqrt(fwd, req)):  # the model's lowest, and sqrt
+        if ck not in predicted:
+            predicted[ck] = req.predict_peak(ck)
+    best = min(predicted, key=predicted.get)
+    raise ValueError(
+        f"no recompute plan fits the budget of {req.budget_bytes:,} bytes: the smallest "
+        f"predicted peak of the {len(predicted)} plans checked is {predicted[best]:,} bytes "
+        f"({len(best)} checkpoints), and a plan must leave {headroom_bytes(req.budget_bytes):,} "
+        f"bytes of headroom. Raise the budget to at least "
+        f"{budget_for_peak(predicted[best]):,} bytes, lower the "
+        f"micro-batch (--micro-batch), or use a smaller network.")
+
+
+def headroom_bytes(budget_bytes: int) -> int:
+    """Budget the budget planner leaves free for the predictor's error: 1%, at least 256 KiB."""
+    return max(256 * 1024, budget_bytes // 100)
+
+
+def budget_for_peak(peak_bytes: int) -> int:
+    """The smallest budget whose headroom still leaves peak_bytes usable."""
+    return max(peak_bytes + 256 * 1024, -(-peak_bytes * 100 // 99) + 1)
+
+
+PLANNERS: dict[str, Callable[[Forward, PlanRequest], tuple[str, ...]]] = {
     "none": plan_none,
     "sqrt": plan_sqrt,
+    "budget": plan_budget,
 }
 
 
-def make_plan(model: onnx.ModelProto, planner: str, budget_bytes: int | None = None
+class SegmentModel:
+    """Activation bytes and recompute FLOPs of a plan, segment by segment.
+
+    With checkpoints c_1 < ... < c_k the forward nodes split into segments S_0..S_k. Backward
+    runs through S_k, then rebuilds and runs through S_{k-1}, and so on. While backward is in
+    S_j, alive are: the checkpoints before S_j (P_j), the saved tensors of S_j (R_j, rebuilt
+    if j < k) and the gradient working set (G_j: twice the largest tensor of S_j). The
+    model's peak is max_j P_j + R_j + G_j; a plan costs the FLOPs of the nodes its copies
+    repeat. Exact search over all 2^n subsets of the n cut points by dynamic programming:
+    after each checkpoint only (P, FLOPs so far) matters, and a state no better in both is
+    dropped."""
+
+    def __init__(self, fwd: Forward, req: PlanRequest):
+        self.fwd = fwd
+        size = req.tensor_bytes
+        nodes = fwd.nodes
+        self.cut_pos = [fwd.position[c] for c in fwd.cuts]
+        self.cut_bytes = [size.get(c, 0) for c in fwd.cuts]
+        saved = [sum(size.get(o, 0) for o in n.output if o in fwd.saved) for n in nodes]
+        self._saved_prefix = [0]
+        for b in saved:
+            self._saved_prefix.append(self._saved_prefix[-1] + b)
+        self._largest = [max([size.get(o, 0) for o in n.output if o] + [0]) for n in nodes]
+        self._flops = [req.node_flops.get(n.name, 0) for n in nodes]
+        self._cost: dict[tuple[int, int], int] = {}
+
+    def _bounds(self, a: int, b: int | None) -> tuple[int, int]:
+        """Node index range [lo, hi) of the segment after cut a (-1: start) up to cut b
+        (None: the end)."""
+        lo = self.cut_pos[a] + 1 if a >= 0 else 0
+        hi = self.cut_pos[b] + 1 if b is not None else len(self.fwd.nodes)
+        return lo, hi
+
+    def segment_bytes(self, a: int, b: int | None) -> int:
+        lo, hi = self._bounds(a, b)
+        return (self._saved_prefix[hi] - self._saved_prefix[lo]
+                + 2 * max(self._largest[lo:hi], default=0))
+
+    def segment_flops(self, a: int, b: int) -> int:
+        """FLOPs of the copies that rebuild segment (a, b]'s saved tensors."""
+        if (a, b) not in self._cost:
+            lo, hi = self._bounds(a, b)
+            seg = list(self.fwd.nodes[lo:hi])
+            out = self.fwd.cuts[b]
+            targets = [o for n in seg for o in n.output if o in self.fwd.saved and o != out]
+            needed = _ancestors_within(seg, targets)
+            self._cost[(a, b)] = sum(self._flops[lo + k] for k, n in enumerate(seg)
+                                     if n.name in needed)
+        return self._cost[(a, b)]
+
+    def _index(self, checkpoints: tuple[str, ...]) -> list[int]:
+        return sorted(self.fwd.cuts.index(c) for c in checkpoints)
+
+    def peak(self, checkpoints: tuple[str, ...]) -> int:
+        """The model's activation peak for a plan."""
+        chosen, prefix, peak, a = self._index(checkpoints), 0, 0, -1
+        for b in chosen + [None]:
+            peak = max(peak, prefix + self.segment_bytes(a, b))
+            if b is not None:
+                prefix += self.cut_bytes[b]
+                a = b
+        return peak
+
+    def flops(self, checkpoints: tuple[str, ...]) -> int:
+        chosen = self._index(checkpoints)
+        return sum(self.segment_flops(a, b) for a, b in zip([-1] + chosen, chosen))
+
+    def cheapest_within(self, peak_bytes: int) -> tuple[str, ...] | None:
+        """The fewest-FLOPs plan whose model peak is at most peak_bytes (None: none is)."""
+        # states[b]: (checkpoint bytes P, FLOPs, checkpoint indices) ending with cut b
+        states: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {-1: [(0, 0, ())]}
+        best = None
+        for b in list(range(len(self.fwd.cuts))) + [None]:
+            new = []
+            for a, front in states.items():
+                if b is not None and a >= b:
+                    continue
+                seg = self.segment_bytes(a, b)
+                for prefix, cost, path in front:
+                    if prefix + seg > peak_bytes:
+                        continue
+                    if b is None:
+                        if best is None or (cost, len(path)) < (best[0], len(best[1])):
+                            best = (cost, path)
+                        continue
+                    new.append((prefix + self.cut_bytes[b], cost + self.segment_flops(a, b),
+                                path + (b,)))
+            if b is not None:
+                states[b] = _pareto(new)
+        return None if best is None else tuple(self.fwd.cuts[i] for i in best[1])
+
+    def frontier(self) -> list[tuple[str, ...]]:
+        """Every plan no other plan beats in both model peak and FLOPs, cheapest first."""
+        plans, limit = [], self.peak(())
+        while (ck := self.cheapest_within(limit)) is not None:
+            plans.append(ck)
+            limit = self.peak(ck) - 1
+        return plans
+
+
+def _pareto(states: list[tuple[int, int, tuple]]) -> list[tuple[int, int, tuple]]:
+    """Keep the states no other state beats in both of the first two numbers."""
+    front, lowest = [], None
+    for s in sorted(states, key=lambda s: (s[0], s[1])):
+        if lowest is None or s[1] < lowest:
+            front.append(s)
+            lowest = s[1]
+    return front
+
+
+def make_plan(model: onnx.ModelProto, planner: str, req: PlanRequest = PlanRequest()
               ) -> RecomputePlan:
     if planner not in PLANNERS:
         raise ValueError(f"unknown recompute planner {planner!r}; choose one of {sorted(PLANNERS)}")
     fwd = analyse(model)
-    checkpoints = PLANNERS[planner](fwd, budget_bytes)
-    return RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
+    checkpoints = PLANNERS[planner](fwd, req)
+    recomputed = recomputed_tensors(fwd, checkpoints)
+    return RecomputePlan(planner, checkpoints if recomputed else (), recomputed)
 
 
 # ---- the rewrite ---------------------------------------------------------------------------
@@ -240,13 +414,45 @@ def _ancestors_within(seg_nodes: list, targets: list[str]) -> set[str]:
     return needed
 
 
-def plan_and_rewrite(path: str, planner: str, budget_bytes: int | None = None
-                     ) -> RecomputePlan:
+def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
+                     budget_bytes: int | None = None,
+                     predict_file_peak: Callable[[], int] | None = None) -> RecomputePlan:
     """Plan recompute for the training graph at `path` and rewrite the file in place.
 
-    Both work on the graph as ORT runs it (Identity nodes removed), so names match."""
-    model, renamed = without_identities(onnx.load(path))
-    plan = make_plan(model, planner, budget_bytes)
-    if plan.recomputed:  # otherwise the file stays exactly as ORT's artifact builder wrote it
-        onnx.save(apply(model, plan, renamed), path)
-    return plan
+    Both work on the graph as ORT runs it (Identity nodes removed), so names match.
+    batch: the micro-batch the plan is for (tensor sizes). predict_file_peak: the predicted
+    peak bytes of the artifact with the training graph now at `path` (the budget planner
+    writes candidates there to check them). If planning fails the file is left as it was."""
+    original = onnx.load(path)
+    model, renamed = without_identities(original)
+    fwd = analyse(model)
+
+    def write(checkpoints: tuple[str, ...]) -> RecomputePlan:
+        plan = RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
+        # no recompute: the file stays exactly as ORT's artifact builder wrote it
+        onnx.save(apply(model, plan, renamed) if plan.recomputed else original, path)
+        return plan
+
+    req = PlanRequest(budget_bytes=budget_bytes)
+    if planner == "budget":
+        from exporters.cost import node_costs
+        from exporters.memplan import _nbytes, tensor_shapes
+
+        if predict_file_peak is None:
+            raise ValueError("the budget planner needs the artifact's predictor")
+
+        def predict_peak(checkpoints: tuple[str, ...]) -> int:
+            write(checkpoints)
+            return predict_file_peak()
+
+        req = PlanRequest(
+            budget_bytes=budget_bytes,
+            tensor_bytes={t: _nbytes(s) for t, s in tensor_shapes(model, batch).items()},
+            node_flops={name: f for name, _, f, _ in node_costs(model, batch)},
+            predict_peak=predict_peak)
+    try:
+        plan = make_plan(model, planner, req)
+    except BaseException:
+        onnx.save(original, path)
+        raise
+    return write(plan.checkpoints)

@@ -92,6 +92,14 @@ def test_usage_errors(tmp_path, tiny_artifact, npz):
     assert r.returncode == 2 and "use --data" in r.stderr
     r = cli("measure", tiny_artifact, "--batch", "0")
     assert r.returncode == 2 and "positive" in r.stderr
+    for extra in ([], ["--budget", "64MiB", "--device", "mcu-8mb"]):
+        r = cli("export", "--model", "patch_mobilenet", "--out", tmp_path / "x",
+                "--recompute", "budget", *extra)
+        assert r.returncode == 2 and ("needs --budget or --device" in r.stderr
+                                      or "not both" in r.stderr), r.stderr
+    r = cli("export", "--model", "patch_mobilenet", "--out", tmp_path / "x", "--budget", "1MB")
+    assert r.returncode == 2 and "only apply to it" in r.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_devices_json():

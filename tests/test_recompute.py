@@ -10,7 +10,10 @@ from torch import nn
 from conftest import device_python
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
-from exporters.recompute import PLANNERS, _is_backward, analyse, make_plan
+from exporters.cost import node_costs
+from exporters.memplan import _nbytes, tensor_shapes, without_identities
+from exporters.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel, _is_backward,
+                                 analyse, budget_for_peak, headroom_bytes, make_plan)
 
 
 def chain(seed: int = 0) -> nn.Module:
@@ -63,18 +66,85 @@ def test_sqrt_recompute_keeps_gradients_and_drops_saved_tensors(tmp_path):
 
 @pytest.mark.parametrize("planner", sorted(PLANNERS))
 def test_every_planner_makes_a_consistent_plan(tmp_path, planner):
-    art, _ = export(tmp_path, "none")
-    model = onnx.load(str(art / "training_model.onnx"))
-    plan = make_plan(model, planner)
-    fwd = analyse(model)
-    assert set(plan.checkpoints) <= set(fwd.cuts)
-    assert set(plan.recomputed) <= fwd.saved
+    none_art, none_m = export(tmp_path, "none")
+    budget = none_m.predicted["peak_bytes"] + (1 << 20) if planner == "budget" else None
+    out = tmp_path / f"{planner}-planned"
+    m = export_artifact(chain(), torch.zeros(2, 3, 12, 12), out, classes=list("abcd"),
+                        plan=Plan(micro_batch=4), recompute=planner,
+                        recompute_budget_bytes=budget)
+    fwd = analyse(without_identities(onnx.load(str(none_art / "training_model.onnx")))[0])
+    assert m.plan.recompute == planner and m.plan.recompute_budget_bytes == budget
+    assert set(m.plan.checkpoints) <= set(fwd.cuts)
+    assert set(m.plan.recomputed) <= fwd.saved
+    assert load_manifest(out).plan == m.plan
 
 
 def test_unknown_planner(tmp_path):
     art, _ = export(tmp_path, "none")
     with pytest.raises(ValueError, match="unknown recompute planner 'magic'"):
         make_plan(onnx.load(str(art / "training_model.onnx")), "magic")
+
+
+def wide_chain() -> nn.Module:
+    """Big enough activations (2 MiB per tensor at batch 8) that plans differ by MiBs."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()]
+    for _ in range(7):
+        layers += [nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+def export_wide(tmp_path, planner: str, budget: int | None = None):
+    return export_artifact(wide_chain(), torch.zeros(2, 3, 64, 64), tmp_path / planner,
+                           classes=list("abcd"), plan=Plan(micro_batch=8), recompute=planner,
+                           recompute_budget_bytes=budget)
+
+
+def test_budget_plan_fits_and_costs_no_more_than_sqrt(tmp_path):
+    none_peak = export_wide(tmp_path, "none").predicted["peak_bytes"]
+    sqrt_m = export_wide(tmp_path, "sqrt")
+    sqrt_peak = sqrt_m.predicted["peak_bytes"]
+    assert sqrt_peak < none_peak - (2 << 20)
+    model = without_identities(onnx.load(str(tmp_path / "none" / "training_model.onnx")))[0]
+    seg = SegmentModel(analyse(model), PlanRequest(
+        tensor_bytes={t: _nbytes(s) for t, s in tensor_shapes(model, 8).items()},
+        node_flops={n: f for n, _, f, _ in node_costs(model, 8)}))
+    for budget in (budget_for_peak(sqrt_peak), (budget_for_peak(sqrt_peak) + none_peak) // 2):
+        m = export_wide(tmp_path / str(budget), "budget", budget)
+        assert m.predicted["peak_bytes"] <= budget - headroom_bytes(budget)
+        assert seg.flops(m.plan.checkpoints) <= seg.flops(sqrt_m.plan.checkpoints)
+    m = export_wide(tmp_path / "roomy", "budget", budget_for_peak(none_peak))
+    assert m.plan.checkpoints == () and m.plan.recomputed == ()  # nothing to recompute
+
+
+def test_budget_below_every_plan_names_the_smallest_peak(tmp_path):
+    with pytest.raises(ValueError, match=r"no recompute plan fits the budget of 1,000,000 bytes"
+                                         r": the smallest predicted peak .* Raise the budget"):
+        export_wide(tmp_path, "budget", 1_000_000)
+    with pytest.raises(ValueError, match="needs a byte budget"):
+        export_wide(tmp_path / "b", "budget", None)
+
+
+def test_segment_model_search_is_exact():
+    """The dynamic programme finds what enumerating every subset of cut points finds."""
+    from itertools import combinations
+
+    nodes, size, flops = [], {}, {}
+    for k in range(9):  # a chain whose tensors and costs vary
+        nodes.append(onnx.helper.make_node("Relu", [f"t{k}"], [f"t{k + 1}"], name=f"n{k}"))
+        size[f"t{k + 1}"], flops[f"n{k}"] = (k * 37) % 11 + 1, (k * 53) % 7 + 1
+    fwd = Forward(tuple(nodes), tuple(f"t{k}" for k in range(1, 9)),
+                  frozenset(f"t{k}" for k in range(1, 10)),
+                  {f"t{k + 1}": k for k in range(9)})
+    seg = SegmentModel(fwd, PlanRequest(tensor_bytes=size, node_flops=flops))
+    plans = [c for r in range(len(fwd.cuts) + 1) for c in combinations(fwd.cuts, r)]
+    for limit in range(0, seg.peak(()) + 2):
+        fitting = [seg.flops(c) for c in plans if seg.peak(c) <= limit]
+        found = seg.cheapest_within(limit)
+        if not fitting:
+            assert found is None
+        else:
+            assert seg.peak(found) <= limit and seg.flops(found) == min(fitting)
 
 
 @pytest.mark.slow

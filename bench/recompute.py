@@ -1,11 +1,13 @@
-"""Recompute plans vs none: measured peak, activation bytes and step time at batch 8.
+"""Recompute plans at batch 8: measured peak, activation bytes and step time.
 
-    .venv/bin/python bench/recompute.py        # about 10 minutes on 2 cores
+    .venv/bin/python bench/recompute.py        # about 40 minutes on 2 cores
 
-Exports each seed network twice (recompute none and sqrt, no pretraining: weights do not
-change memory or time), then measures the two alternately, twice each, 5 timed steps per
-measurement, in one run; step time is the median over both rounds. Writes
-bench/results/recompute.json and the table in docs/recompute.md.
+For each seed network: export with recompute `none` and `sqrt` (no pretraining: weights do
+not change memory or time) and measure both; then export with the `budget` planner at three
+budgets between the measured `sqrt` and `none` peaks (10%, 50% and 90% of the way) and
+measure each under its budget as a cap (a plan that did not fit would fail the run). The
+step time of every plan is the median over ROUNDS alternating measurements of STEPS steps
+each, all in one run. Writes bench/results/recompute.json and the table in docs/recompute.md.
 """
 from __future__ import annotations
 
@@ -17,56 +19,96 @@ from pathlib import Path
 from predictor import ROOT, run  # bench/predictor.py: the CLI runner
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
-PLANNERS = ["none", "sqrt"]
-BATCH, ROUNDS, STEPS = 8, 2, 5
+BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
+BATCH, ROUNDS, STEPS = 8, 3, 5
+
+
+def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict:
+    extra = ["--budget", str(budget)] if budget else []
+    run("export", "--model", net, "--epochs", "0", "--no-cache", "--recompute", planner,
+        "--micro-batch", str(BATCH), "--out", str(art), *extra)
+    return json.loads((art / "manifest.json").read_text())
+
+
+def measure(art: Path, budget: int | None) -> dict:
+    extra = ["--budget", str(budget)] if budget else []
+    return json.loads(run("measure", str(art), "--batch", str(BATCH), "--steps", str(STEPS),
+                          "--json", *extra))
+
+
+def bench_network(tmp: Path, net: str) -> list[dict]:
+    plans = {p: {"art": tmp / f"{net}-{p}", "budget": None} for p in ("none", "sqrt")}
+    for name, p in plans.items():
+        p["manifest"] = export(p["art"], net, name)
+        p["runs"] = [measure(p["art"], None)]
+    none_peak = plans["none"]["runs"][0]["peak_bytes"]
+    sqrt_peak = plans["sqrt"]["runs"][0]["peak_bytes"]
+    for f in BUDGET_FRACTIONS:
+        budget = int(sqrt_peak + f * (none_peak - sqrt_peak))
+        name = f"budget@{f:.0%}"
+        art = tmp / f"{net}-{name}"
+        plans[name] = {"art": art, "budget": budget, "manifest": export(art, net, "budget", budget),
+                       "runs": [measure(art, budget)]}
+    for _ in range(ROUNDS - 1):  # alternate, so drifts in machine load hit every plan alike
+        for p in plans.values():
+            p["runs"].append(measure(p["art"], p["budget"]))
+    base = plans["none"]["runs"][0]
+    base_time = statistics.median(r["step_time_s"] for r in plans["none"]["runs"])
+    sqrt_time = statistics.median(r["step_time_s"] for r in plans["sqrt"]["runs"])
+    rows = []
+    for name, p in plans.items():
+        r = p["runs"][0]
+        t = statistics.median(x["step_time_s"] for x in p["runs"])
+        rows.append({
+            "network": net, "plan": name, "batch": BATCH, "budget_bytes": p["budget"],
+            "checkpoints": len(p["manifest"]["plan"]["checkpoints"]),
+            "recomputed_tensors": len(p["manifest"]["plan"]["recomputed"]),
+            "extra_flops": r["recompute"]["extra_flops"],
+            "peak_bytes": r["peak_bytes"],
+            "peak_runs_bytes": [x["peak_bytes"] for x in p["runs"]],
+            "within_budget": p["budget"] is None or max(x["peak_bytes"] for x in p["runs"])
+            <= p["budget"],
+            "predicted_peak_bytes": r["predicted_peak_bytes"],
+            "activation_bytes": r["breakdown"]["activations"],
+            "predicted_activation_bytes": r["predicted_breakdown"]["activations"],
+            "activation_cut_ratio": round(base["breakdown"]["activations"]
+                                          / r["breakdown"]["activations"], 3),
+            "step_time_s": round(t, 4), "step_times_s": [x["step_time_s"] for x in p["runs"]],
+            "time_ratio": round(t / base_time, 3), "time_vs_sqrt": round(t / sqrt_time, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| network | plan | budget | checkpoints / recomputed | extra GFLOP | measured peak "
+             "| predicted peak | measured activations | activations cut | step time "
+             "| vs none | vs sqrt |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        budget = "-" if r["budget_bytes"] is None else f"{r['budget_bytes']:,}"
+        fits = "" if r["within_budget"] else " **over**"
+        lines.append(
+            f"| {r['network']} | {r['plan']} | {budget} | {r['checkpoints']} / "
+            f"{r['recomputed_tensors']} | {r['extra_flops'] / 1e9:.2f} | {r['peak_bytes']:,}{fits} "
+            f"| {r['predicted_peak_bytes']:,} | {r['activation_bytes']:,} "
+            f"| {r['activation_cut_ratio']:.2f}x | {r['step_time_s'] * 1e3:.0f} ms "
+            f"| {r['time_ratio']:.2f}x | {r['time_vs_sqrt']:.2f}x |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for net in NETWORKS:
-            arts, results = {}, {p: [] for p in PLANNERS}
-            for planner in PLANNERS:
-                arts[planner] = Path(tmp) / f"{net}-{planner}"
-                run("export", "--model", net, "--epochs", "0", "--no-cache",
-                    "--recompute", planner, "--out", str(arts[planner]))
-            for _ in range(ROUNDS):
-                for planner in PLANNERS:
-                    results[planner].append(json.loads(run(
-                        "measure", str(arts[planner]), "--batch", str(BATCH),
-                        "--steps", str(STEPS), "--json")))
-            manifest = {p: json.loads((arts[p] / "manifest.json").read_text()) for p in PLANNERS}
-            base = results["none"][0]
-            base_time = statistics.median(r["step_time_s"] for r in results["none"])
-            for planner in PLANNERS:
-                r = results[planner][0]
-                t = statistics.median(x["step_time_s"] for x in results[planner])
-                rows.append({
-                    "network": net, "planner": planner, "batch": BATCH,
-                    "recomputed_tensors": len(manifest[planner]["plan"]["recomputed"]),
-                    "peak_bytes": r["peak_bytes"],
-                    "activation_bytes": r["breakdown"]["activations"],
-                    "predicted_activation_bytes": r["predicted_breakdown"]["activations"],
-                    "activation_cut_ratio": round(base["breakdown"]["activations"]
-                                                  / r["breakdown"]["activations"], 3),
-                    "step_time_s": round(t, 4), "time_ratio": round(t / base_time, 3)})
-                print(json.dumps(rows[-1]), flush=True)
+            rows += bench_network(Path(tmp), net)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "recompute.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| network | plan | recomputed tensors | measured peak | measured activations "
-             "| predicted activations | activations cut | step time | time vs none |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['network']} | {r['planner']} | {r['recomputed_tensors']} | "
-                     f"{r['peak_bytes']:,} | {r['activation_bytes']:,} | "
-                     f"{r['predicted_activation_bytes']:,} | {r['activation_cut_ratio']:.2f}x | "
-                     f"{r['step_time_s'] * 1e3:.0f} ms | {r['time_ratio']:.2f}x |")
     doc = ROOT / "docs" / "recompute.md"
     text = doc.read_text()
     head, _, rest = text.partition("<!-- table -->")
     _, _, tail = rest.partition("<!-- /table -->")
-    doc.write_text(head + "<!-- table -->\n" + "\n".join(lines) + "\n<!-- /table -->" + tail)
+    doc.write_text(head + "<!-- table -->\n" + table(rows) + "\n<!-- /table -->" + tail)
 
 
 if __name__ == "__main__":

@@ -136,41 +136,53 @@ def plan_sqrt(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
 def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
     """The plan with the fewest recomputed FLOPs whose predicted peak fits req.budget_bytes.
 
-    Candidates: every plan on the segment model's exact Pareto frontier of (activation bytes,
-    FLOPs) (SegmentModel.frontier, dynamic programming over all subsets of cut points), plus
-    the sqrt plan. The segment model cannot see how ORT's memory pattern fragments, so each
-    candidate is judged by the static predictor on its rewritten graph, cheapest first; a
-    candidate is skipped without a prediction when even the smallest predictor-minus-model
-    gap seen so far would put it over the budget. A plan fits when its predicted peak leaves
-    HEADROOM of the budget free: the predictor runs up to 0.8% under measurement on rewritten
-    graphs (arena growth while checkpoints are written, not modelled). Raises ValueError,
-    naming the smallest predicted peak reached, when no candidate fits."""
+    The segment model (SegmentModel) gives, for any byte limit L on its own peak, the exact
+    fewest-FLOPs plan (dynamic programming over all subsets of cut points). The model cannot
+    see how ORT's memory pattern fragments, so each plan is judged by the static predictor
+    on its rewritten graph. A binary search over L finds the largest limit whose plan the
+    predictor says fits; fewer FLOPs come with a larger L, so that plan is the cheapest
+    fitting one, as far as the predicted peak falls with L (checked at every step of the
+    search, not proven). The sqrt plan is a candidate too. A plan fits when its predicted
+    peak leaves headroom_bytes(budget) free: the predictor runs up to 0.8% under measurement
+    on rewritten graphs. Raises ValueError, naming the smallest predicted peak reached, when
+    no plan fits."""
     if req.budget_bytes is None or req.predict_peak is None:
         raise ValueError("the budget planner needs a byte budget (--budget or --device)")
-    model = SegmentModel(fwd, req)
     usable = req.budget_bytes - headroom_bytes(req.budget_bytes)
-    candidates = {ck: model.flops(ck) for ck in model.frontier()}
-    candidates.setdefault(plan_sqrt(fwd, req), model.flops(plan_sqrt(fwd, req)))
+    model = SegmentModel(fwd, req)
     predicted: dict[tuple[str, ...], int] = {}
-    gap = None  # smallest (predicted peak - model peak) seen
-    for ck in sorted(candidates, key=lambda c: (candidates[c], model.peak(c))):
-        if gap is not None and model.peak(ck) + gap > usable:
-            continue
-        predicted[ck] = req.predict_peak(ck)
-        gap = min(g for g in [gap, predicted[ck] - model.peak(ck)] if g is not None)
-        if predicted[ck] <= usable:
-            return ck
-    for ck in (model.frontier()[-1], plan_sqrt(fwd, req)):  # the model's lowest, and sqrt
+
+    def fits(ck: tuple[str, ...]) -> bool:
         if ck not in predicted:
             predicted[ck] = req.predict_peak(ck)
+        return predicted[ck] <= usable
+
+    if fits(()):
+        return ()
+    lowest, sqrt = model.lowest_peak(), plan_sqrt(fwd, req)
+    fitting = [ck for ck in (lowest, sqrt) if fits(ck)]
+    if fitting:
+        lo, hi = model.peak(lowest), model.peak(())  # the plan at lo fits, the one at hi not
+        tolerance = max(1, (hi - lo) // BUDGET_SEARCH_STEPS)
+        while hi - lo > tolerance:
+            mid = (lo + hi) // 2
+            ck = model.cheapest_within(mid)
+            if fits(ck):
+                lo = mid
+                fitting.append(ck)
+            else:
+                hi = mid
+        return min(fitting, key=lambda ck: (model.flops(ck), predicted[ck]))
     best = min(predicted, key=predicted.get)
     raise ValueError(
         f"no recompute plan fits the budget of {req.budget_bytes:,} bytes: the smallest "
         f"predicted peak of the {len(predicted)} plans checked is {predicted[best]:,} bytes "
         f"({len(best)} checkpoints), and a plan must leave {headroom_bytes(req.budget_bytes):,} "
-        f"bytes of headroom. Raise the budget to at least "
-        f"{budget_for_peak(predicted[best]):,} bytes, lower the "
-        f"micro-batch (--micro-batch), or use a smaller network.")
+        f"bytes of headroom. Raise the budget to at least {budget_for_peak(predicted[best]):,} "
+        f"bytes, lower the micro-batch (--micro-batch), or use a smaller network.")
+
+
+BUDGET_SEARCH_STEPS = 512  # the search stops when the limit is known to 1/512 of its range
 
 
 def headroom_bytes(budget_bytes: int) -> int:
@@ -281,13 +293,27 @@ class SegmentModel:
                 states[b] = _pareto(new)
         return None if best is None else tuple(self.fwd.cuts[i] for i in best[1])
 
-    def frontier(self) -> list[tuple[str, ...]]:
-        """Every plan no other plan beats in both model peak and FLOPs, cheapest first."""
-        plans, limit = [], self.peak(())
-        while (ck := self.cheapest_within(limit)) is not None:
-            plans.append(ck)
-            limit = self.peak(ck) - 1
-        return plans
+    def lowest_peak(self) -> tuple[str, ...]:
+        """The plan with the smallest model peak (fewest FLOPs among equals)."""
+        # states[b]: (checkpoint bytes P, peak so far, checkpoint indices) ending with cut b
+        states: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {-1: [(0, 0, ())]}
+        best = None
+        for b in list(range(len(self.fwd.cuts))) + [None]:
+            new = []
+            for a, front in states.items():
+                if b is not None and a >= b:
+                    continue
+                seg = self.segment_bytes(a, b)
+                for prefix, peak, path in front:
+                    p = max(peak, prefix + seg)
+                    if b is None:
+                        if best is None or (p, len(path)) < (best[0], len(best[1])):
+                            best = (p, path)
+                    else:
+                        new.append((prefix + self.cut_bytes[b], p, path + (b,)))
+            if b is not None:
+                states[b] = _pareto(new)
+        return tuple(self.fwd.cuts[i] for i in best[1])
 
 
 def _pareto(states: list[tuple[int, int, tuple]]) -> list[tuple[int, int, tuple]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,27 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class MaskSpec:
+    """A sparse weight, addressed by its PyTorch name (`blocks.3.pw.0.weight`). The artifact
+    holds only its kept values (trainable, [nnz]) and their positions in the flattened dense
+    weight (frozen int32, [nnz]); the dense weight is built inside the step."""
+
+    weight: str  # the dense weight's fully-qualified name
+    shape: tuple[int, ...]  # the dense weight's shape
+    nnz: int  # kept weights
+    values: str  # name of the trainable tensor [nnz]
+    positions: str  # name of the frozen int32 tensor [nnz]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def density(self) -> float:
+        return self.nnz / self.numel
+
+
+@dataclass(frozen=True)
 class Manifest:
     schema_version: int
     model: str
@@ -97,6 +119,7 @@ class Manifest:
     optimizer: dict  # {"type": "AdamW", "lr": ..., "weight_decay": ..., "eps": ...}
     predicted: dict  # {"batch": B, "peak_bytes": ..., "breakdown": {...}} (a prediction)
     provenance: dict  # population subjects, pretraining summary, versions
+    masks: tuple[MaskSpec, ...] = ()  # sparse weights (empty: dense)
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -127,10 +150,24 @@ class Manifest:
                 optimizer=dict(d["optimizer"]),
                 predicted=dict(d["predicted"]),
                 provenance=dict(d["provenance"]),
+                masks=tuple(MaskSpec(m["weight"], tuple(m["shape"]), int(m["nnz"]),
+                                     m["values"], m["positions"]) for m in d.get("masks", [])),
             )
         except (KeyError, TypeError) as e:
             raise ArtifactError(f"manifest is missing or has a malformed field: {e}; "
                                 "re-export the artifact") from e
+
+    def __post_init__(self):
+        trainable = {t.name: t for t in self.trainable}
+        frozen = {t.name: t for t in self.frozen}
+        for m in self.masks:
+            v, p = trainable.get(m.values), frozen.get(m.positions)
+            if (v is None or p is None or v.shape != (m.nnz,) or p.shape != (m.nnz,)
+                    or p.dtype != "int32" or not 0 < m.nnz <= m.numel):
+                raise ArtifactError(
+                    f"mask of {m.weight!r} does not match the artifact's tensors: it needs a "
+                    f"trainable {m.values!r} and a frozen int32 {m.positions!r}, both of shape "
+                    f"({m.nnz},), with 0 < nnz <= {m.numel}; re-export the artifact")
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / MANIFEST_NAME

@@ -26,6 +26,7 @@ from onnx import numpy_helper
 from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
 from exporters.memplan import predict_memory
 from exporters.recompute import plan_and_rewrite
+from exporters.sparse import sparsify
 
 FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
          "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
@@ -38,7 +39,9 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     image_shape: tuple[int, ...] | None = None, preprocess: str = "none",
                     preprocess_args: dict | None = None, provenance: dict | None = None,
                     freeze_batchnorm: bool = False, recompute: str = "none",
-                    recompute_budget_bytes: int | None = None) -> Manifest:
+                    recompute_budget_bytes: int | None = None, density: float = 1.0,
+                    mask_allocation: str = "erk", mask_init: str = "magnitude",
+                    mask_seed: int = 0) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -50,6 +53,9 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     running statistics during training.
     recompute: a planner of exporters.recompute.PLANNERS; its plan is written into the
     training graph and recorded in the manifest.
+    density: below 1, Conv2d and Linear weights are masked to this overall density
+    (exporters.sparse: per-layer allocation `mask_allocation`, first mask `mask_init`); the
+    artifact then holds only the kept values and their positions (manifest `masks`).
     """
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
@@ -57,6 +63,10 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     out.mkdir(parents=True, exist_ok=True)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
+    model, masks = sparsify(model, density, mask_allocation, mask_init, mask_seed)
+    masked = {m.weight: m.values for m in masks}
+    if trainable is not None:  # a masked weight trains as its kept values
+        trainable = [masked.get(n, n) for n in trainable]
     plan = dataclasses.replace(plan, batchnorm="frozen" if freeze_batchnorm else "batch")
     params = dict(model.named_parameters())
     trainable = list(params) if trainable is None else list(trainable)
@@ -64,7 +74,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     if unknown:
         raise ValueError(f"trainable names {unknown} are not parameters of the model; "
                          f"its parameters are {list(params)[:8]}…")
-    buffers = {n: b for n, b in model.named_buffers() if b.is_floating_point()}
+    positions = {m.positions for m in masks}
+    buffers = {n: b for n, b in model.named_buffers() if b.is_floating_point() or n in positions}
     frozen = [n for n in params if n not in trainable] + list(buffers)
     saved = {n: t.detach().clone() for n, t in list(params.items()) + list(buffers.items())}
 
@@ -121,7 +132,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                         image_shape=tuple(image_shape) if image_shape else sample_shape,
                         preprocess=preprocess, preprocess_args=dict(preprocess_args or {})),
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
-        optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}))
+        optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
+        masks=masks)
     manifest.write(out)
     return manifest
 

@@ -14,34 +14,15 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgetrain.manifest import MaskSpec
+
 VALUES_SUFFIX, POSITIONS_SUFFIX = "weight_values", "weight_positions"
-
-
-@dataclass(frozen=True)
-class MaskSpec:
-    """One masked weight, addressed by its PyTorch name (`blocks.3.pw.0.weight`)."""
-
-    weight: str  # the dense weight's fully-qualified name
-    shape: tuple[int, ...]  # the dense weight's shape
-    nnz: int  # kept weights
-    values: str  # trainable tensor [nnz]
-    positions: str  # frozen int32 tensor [nnz]: indices into the flattened dense weight
-
-    @property
-    def density(self) -> float:
-        return self.nnz / math.prod(self.shape)
-
-    def to_dict(self) -> dict:
-        return {"weight": self.weight, "shape": list(self.shape), "nnz": self.nnz,
-                "density": round(self.density, 6), "values": self.values,
-                "positions": self.positions}
 
 
 class SparseWeight(nn.Module):

@@ -87,9 +87,15 @@ def devices(as_json):
               "budget: the cheapest plan predicted to fit --budget or --device.")
 @click.option("--device", type=click.Choice(sorted(PROFILES)), help="Budget from a device profile.")
 @click.option("--budget", type=Bytes(), help="Byte budget for --recompute budget, e.g. 64MiB.")
+@click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+              show_default=True, help="Kept fraction of Conv/Linear weights (1.0 = dense).")
+@click.option("--mask-allocation", type=click.Choice(["erk", "uniform"]), default="erk",
+              show_default=True, help="Per-layer densities.")
+@click.option("--mask-init", type=click.Choice(["magnitude", "random"]), default="magnitude",
+              show_default=True, help="Which weights the first mask keeps.")
 @click.option("--json", "as_json", is_flag=True)
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs, lr, no_cache,
-           recompute, device, budget, as_json):
+           recompute, device, budget, density, mask_allocation, mask_init, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -112,7 +118,8 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
         m = export_named(cfg, out, Plan(micro_batch=micro_batch, accumulation_steps=accumulate),
                          lr=lr, cache_dir=None if no_cache else Path(".cache/pretrain"),
                          show_progress=not as_json, recompute=recompute,
-                         recompute_budget_bytes=budget_bytes)
+                         recompute_budget_bytes=budget_bytes, density=density,
+                         mask_allocation=mask_allocation, mask_init=mask_init)
     except (ValueError, DataError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
     if as_json:
@@ -122,6 +129,10 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
                f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
     click.echo(f"predicted peak at micro-batch {m.predicted['batch']} (a prediction): "
                f"{_mib(m.predicted['peak_bytes'])}")
+    if m.masks:
+        kept = sum(k.nnz for k in m.masks)
+        click.echo(f"sparse: {len(m.masks)} masked weights keep {kept:,} of "
+                   f"{sum(k.numel for k in m.masks):,} values ({mask_allocation}, {mask_init})")
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward")

@@ -109,8 +109,11 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
 
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
-                 recompute: str = "none", recompute_budget_bytes: int | None = None) -> Manifest:
-    """Pretrain (or load) the population model of `cfg` and export it as an artifact."""
+                 recompute: str = "none", recompute_budget_bytes: int | None = None,
+                 **mask_options) -> Manifest:
+    """Pretrain (or load) the population model of `cfg` and export it as an artifact.
+
+    mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact)."""
     model, summary = pretrain(cfg, cache_dir, show_progress)
     _, spec = build_network(cfg.model, 1, cfg.width)
     recs_classes = data.load_recordings().classes
@@ -123,4 +126,5 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         preprocess_args={"window_samples": data.WINDOW_SAMPLES, "mean": summary["channel_mean"],
                          "scale": summary["channel_scale"]},
         provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")},
-        freeze_batchnorm=True, recompute=recompute, recompute_budget_bytes=recompute_budget_bytes)
+        freeze_batchnorm=True, recompute=recompute, recompute_budget_bytes=recompute_budget_bytes,
+        **mask_options)

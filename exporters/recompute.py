@@ -271,7 +271,21 @@ class SegmentModel:
 
     def cheapest_within(self, peak_bytes: int) -> tuple[str, ...] | None:
         """The fewest-FLOPs plan whose model peak is at most peak_bytes (None: none is)."""
-        # states[b]: (checkpoint bytes P, FLOPs, checkpoint indices) ending with cut b
+        return self._search(peak_bytes, lambda flops, a, b, _: flops + (
+            self.segment_flops(a, b) if b is not None else 0))
+
+    def lowest_peak(self) -> tuple[str, ...]:
+        """The plan with the smallest model peak (fewest checkpoints among equals)."""
+        return self._search(math.inf, lambda peak, a, b, here: max(peak, here))
+
+    def _search(self, limit: float, score: Callable[[int, int, int | None, int], int]
+                ) -> tuple[str, ...] | None:
+        """The plan with the lowest score whose segments all stay within `limit` bytes.
+
+        A state after checkpoint b is (checkpoint bytes P, score so far, checkpoint indices);
+        score(value, a, b, bytes) gives the value after segment (a, b] (b None: the last),
+        whose model bytes are `bytes`. Only states no other beats in both P and score are
+        kept, which is exact because a later segment sees nothing of a state but P."""
         states: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {-1: [(0, 0, ())]}
         best = None
         for b in list(range(len(self.fwd.cuts))) + [None]:
@@ -280,40 +294,17 @@ class SegmentModel:
                 if b is not None and a >= b:
                     continue
                 seg = self.segment_bytes(a, b)
-                for prefix, cost, path in front:
-                    if prefix + seg > peak_bytes:
+                for prefix, value, path in front:
+                    if prefix + seg > limit:
                         continue
-                    if b is None:
-                        if best is None or (cost, len(path)) < (best[0], len(best[1])):
-                            best = (cost, path)
-                        continue
-                    new.append((prefix + self.cut_bytes[b], cost + self.segment_flops(a, b),
-                                path + (b,)))
+                    value = score(value, a, b, prefix + seg)
+                    if b is not None:
+                        new.append((prefix + self.cut_bytes[b], value, path + (b,)))
+                    elif best is None or (value, len(path)) < (best[0], len(best[1])):
+                        best = (value, path)
             if b is not None:
                 states[b] = _pareto(new)
         return None if best is None else tuple(self.fwd.cuts[i] for i in best[1])
-
-    def lowest_peak(self) -> tuple[str, ...]:
-        """The plan with the smallest model peak (fewest FLOPs among equals)."""
-        # states[b]: (checkpoint bytes P, peak so far, checkpoint indices) ending with cut b
-        states: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {-1: [(0, 0, ())]}
-        best = None
-        for b in list(range(len(self.fwd.cuts))) + [None]:
-            new = []
-            for a, front in states.items():
-                if b is not None and a >= b:
-                    continue
-                seg = self.segment_bytes(a, b)
-                for prefix, peak, path in front:
-                    p = max(peak, prefix + seg)
-                    if b is None:
-                        if best is None or (p, len(path)) < (best[0], len(best[1])):
-                            best = (p, path)
-                    else:
-                        new.append((prefix + self.cut_bytes[b], p, path + (b,)))
-            if b is not None:
-                states[b] = _pareto(new)
-        return tuple(self.fwd.cuts[i] for i in best[1])
 
 
 def _pareto(states: list[tuple[int, int, tuple]]) -> list[tuple[int, int, tuple]]:
@@ -328,9 +319,12 @@ def _pareto(states: list[tuple[int, int, tuple]]) -> list[tuple[int, int, tuple]
 
 def make_plan(model: onnx.ModelProto, planner: str, req: PlanRequest = PlanRequest()
               ) -> RecomputePlan:
+    return plan_forward(analyse(model), planner, req)
+
+
+def plan_forward(fwd: Forward, planner: str, req: PlanRequest) -> RecomputePlan:
     if planner not in PLANNERS:
         raise ValueError(f"unknown recompute planner {planner!r}; choose one of {sorted(PLANNERS)}")
-    fwd = analyse(model)
     checkpoints = PLANNERS[planner](fwd, req)
     recomputed = recomputed_tensors(fwd, checkpoints)
     return RecomputePlan(planner, checkpoints if recomputed else (), recomputed)
@@ -477,7 +471,7 @@ def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
             node_flops={name: f for name, _, f, _ in node_costs(model, batch)},
             predict_peak=predict_peak)
     try:
-        plan = make_plan(model, planner, req)
+        plan = plan_forward(fwd, planner, req)
     except BaseException:
         onnx.save(original, path)
         raise

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from conftest import cli, device_python
+from device_sim.cap import arena_rounded
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
 from exporters.sparse import ALLOCATIONS, INITS, SparseWeight, sparsify
@@ -19,10 +20,6 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4))
-
-
-def chunk(nbytes: int) -> int:
-    return max(256, -(-nbytes // 256) * 256)
 
 
 @pytest.mark.parametrize("allocation", sorted(ALLOCATIONS))
@@ -97,9 +94,9 @@ def test_trainable_state_bytes_scale_with_kept_weights(tmp_path):
         p = cli("measure", art, "--batch", "4", "--json")
         assert p.returncode == 0, p.stderr
         b = json.loads(p.stdout)["breakdown"]
-        trained = sum(chunk(t.nbytes) for t in m.trainable)
+        trained = sum(arena_rounded(t.nbytes) for t in m.trainable)
         assert b["gradients"] == trained and b["optimizer_state"] == 2 * trained
-        assert b["parameters"] == trained + sum(chunk(t.nbytes) for t in m.frozen)
+        assert b["parameters"] == trained + sum(arena_rounded(t.nbytes) for t in m.frozen)
         breakdown[density] = b
     state = {d: b["parameters"] + b["gradients"] + b["optimizer_state"]
              for d, b in breakdown.items()}

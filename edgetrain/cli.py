@@ -15,6 +15,7 @@ from device_sim.cap import BudgetError
 from device_sim.profiles import PROFILES, get_profile
 from edgetrain.data import DataError
 from edgetrain.manifest import ArtifactError
+from edgetrain.masks import UPDATERS
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
@@ -152,10 +153,21 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
 @click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
+@click.option("--mask-update", type=click.Choice(sorted(UPDATERS)), default=None,
+              help="Dynamic sparse training (sparse artifacts): regrow at random (set) or "
+                   "where the dense gradient is largest (rigl).")
+@click.option("--mask-every", type=int, default=10, show_default=True,
+              help="Optimizer steps between mask updates.")
+@click.option("--drop-fraction", type=float, default=0.3, show_default=True,
+              help="Fraction of kept weights replaced at the first update (cosine decay).")
+@click.option("--mask-end", type=float, default=0.75, show_default=True,
+              help="No mask updates after this fraction of the steps.")
 @click.option("--json", "as_json", is_flag=True)
 def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
-                micro_batch, accumulate, seed, threads, as_json):
+                micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
+                mask_end, as_json):
     """Train an artifact on one user's data inside a device's memory budget."""
+    from edgetrain.masks import MaskSchedule
     from edgetrain.personalise import TrainConfig
     from edgetrain.personalise import personalise as run
     from edgetrain.userdata import user_data
@@ -168,8 +180,10 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     device, budget_bytes = _budget(device, budget)
     try:
         train, test = user_data(artifact, user, data_file, test_file)
+        masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
+                 if mask_update else None)
         cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
-                          accumulation_steps=accumulate, seed=seed)
+                          accumulation_steps=accumulate, seed=seed, masks=masks)
         with _progress(not as_json) as progress:
             r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
                     threads=threads)
@@ -187,6 +201,55 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
         click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}")
         click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
                    "of test samples")
+    if r.mask_method:
+        click.echo(f"mask updates ({r.mask_method}): {r.mask_updates}, {r.regrown_weights:,} "
+                   "weights regrown in all")
+    click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
+
+
+@main.command("reset-bn")
+@click.argument("artifact", type=click.Path())
+@click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10).")
+@click.option("--data", "data_file", type=click.Path(), help="Your windows: .npz with x and y.")
+@click.option("--test", "test_file", type=click.Path(), help="Optional .npz test set for --data.")
+@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
+@click.option("--budget", type=Bytes(), help="RAM budget, e.g. 15MB or 8692224.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder.")
+@click.option("--samples", type=int, default=256, show_default=True,
+              help="User samples that feed the statistics (forward passes only).")
+@click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
+@click.option("--json", "as_json", is_flag=True)
+def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples, micro_batch,
+             seed, threads, as_json):
+    """Re-estimate BatchNorm statistics on a user's samples (RESET, after pruning)."""
+    from edgetrain.bnreset import reset_batchnorm
+    from edgetrain.userdata import user_data
+
+    if (user is None) == (data_file is None):
+        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
+    if device is None and budget is None:
+        raise click.UsageError("give --device NAME or --budget BYTES: RESET runs inside a "
+                               "memory budget (`edgetrain devices` lists profiles)")
+    device, budget_bytes = _budget(device, budget)
+    try:
+        train, test = user_data(artifact, user, data_file, test_file)
+        r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
+                            micro_batch, threads)
+    except BudgetError as e:
+        _fail(str(e), EXIT_BUDGET)
+    except (ArtifactError, DataError, ValueError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {_mib(budget_bytes)}")
+    click.echo(f"RESET from {r.samples} samples in {r.batches} forward passes of "
+               f"{r.micro_batch} items")
+    if r.accuracy_before is not None:
+        click.echo(f"held-out accuracy: before RESET {r.accuracy_before:.3f}  after "
+                   f"{r.accuracy_after:.3f}")
     click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
 
 

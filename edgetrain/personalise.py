@@ -3,8 +3,10 @@
 The cycle (the same one `measure` replays, so its peak is the peak of this): open the runtime
 under the cap -> preflight at the micro-batch shape -> evaluate before -> epochs of
 micro-batches, `accumulation_steps` of them summed per optimizer step and scaled by 1/k so
-the update uses their mean gradient -> checkpoint after every epoch (atomic) -> evaluate
-after -> export an inference model and check it predicts what the runtime's eval predicts.
+the update uses their mean gradient -> (sparse artifacts with a mask schedule: a mask update
+after every N optimizer steps, edgetrain/masks.py) -> checkpoint after every epoch (atomic) ->
+evaluate after -> export an inference model and check it predicts what the runtime's eval
+predicts.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from edgetrain.feed import Feed
 from edgetrain.manifest import atomic_write_bytes
+from edgetrain.masks import UPDATERS, MaskSchedule
 from edgetrain.runtime import DeviceRuntime
 
 
@@ -29,6 +32,7 @@ class TrainConfig:
     micro_batch: int | None = None  # None: the artifact's plan
     accumulation_steps: int | None = None
     seed: int = 0
+    masks: MaskSchedule | None = None  # dynamic sparse training (needs a sparse artifact)
 
     def __post_init__(self):
         if self.epochs < 0:
@@ -55,6 +59,9 @@ class PersonaliseResult:
     inference_model: str
     train_time_s: float
     torch_loaded: bool  # the device process must never load torch
+    mask_method: str | None = None
+    mask_updates: int = 0
+    regrown_weights: int = 0  # summed over all updates and layers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +96,12 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     rt.set_micro_batch(b)
     if config.lr is not None:
         rt.set_learning_rate(config.lr)
-    rt.preflight()  # a budget too small fails here, before anything is read or written
+    schedule = config.masks
+    if schedule is not None and not m.masks:
+        raise ValueError(f"mask updates ({schedule.method}) need a sparse artifact; {artifact} "
+                         "is dense: export it with --density below 1")
+    # A budget too small fails here, before anything is read or written.
+    rt.preflight(mask_gradients=schedule is not None and UPDATERS[schedule.method].needs_dense_grad)
     out.mkdir(parents=True, exist_ok=True)
 
     feed = Feed(*train, m)
@@ -105,7 +117,8 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                          "--micro-batch or --accumulate, or supply more samples")
     ckpt = out / "checkpoint"
     total = config.epochs * steps_per_epoch
-    steps = 0
+    steps = mask_updates = regrown = 0
+    mask_rng = np.random.default_rng([config.seed, 1])
     t0 = time.perf_counter()
     for _epoch in range(config.epochs):
         order = rng.permutation(len(feed))[:steps_per_epoch * per_step]
@@ -115,6 +128,13 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                 rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
             rt.optimizer_step(grad_scale=1.0 / k)
             steps += 1
+            fraction = schedule.fraction_at(steps, total) if schedule else 0.0
+            if fraction > 0:  # RigL scores by the gradient on this step's micro-batches
+                idx = [order[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k)]
+                batches = ([(feed.inputs(i), feed.labels(i)) for i in idx]
+                           if UPDATERS[schedule.method].needs_dense_grad else [])
+                regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)
+                mask_updates += 1
             if progress:
                 progress(steps, total)
         rt.save_checkpoint(ckpt)
@@ -133,6 +153,8 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         budget_bytes=budget_bytes, micro_batch=b, accumulation_steps=k, optimizer_steps=steps,
         train_items=len(feed), accuracy_before=before, accuracy_after=after,
         inference_agreement=agreement, checkpoint=str(ckpt), inference_model=str(infer_path),
-        train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None)
+        train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None,
+        mask_method=schedule.method if schedule else None, mask_updates=mask_updates,
+        regrown_weights=regrown)
     atomic_write_bytes(out / "result.json", json.dumps(result.to_dict(), indent=2).encode())
     return result

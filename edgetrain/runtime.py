@@ -8,13 +8,16 @@ export_inference. Runs in a process without torch (see ort_device.py).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from device_sim.cap import BudgetError, BudgetSplit, arena_rounded, budget_error_from, install_arena
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
+from edgetrain.masks import UPDATERS, update_layer
 from edgetrain.ort_device import onnxruntime, training_api
+from edgetrain.ortcheckpoint import zero_moments
 
 _OPENED = False  # the env arena is per process: one runtime per process
 
@@ -35,7 +38,7 @@ class DeviceRuntime:
         m = self.manifest
         self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m))
                       if budget_bytes is not None else None)
-        api = training_api()
+        training_api()  # imported before the arena is installed
         ort = onnxruntime()
         self._ort = ort
         install_arena(ort, self.split.arena_cap_bytes if self.split else None)
@@ -47,23 +50,31 @@ class DeviceRuntime:
         so.log_severity_level = int(os.environ.get("EDGETRAIN_ORT_LOG_LEVEL", "4"))
         if threads:
             so.intra_op_num_threads = threads
-        files = {role: str(self.folder / e.path) for role, e in m.files.items()}
-        phase = on_phase or (lambda name: None)  # measurement marks where bytes go
-        try:
-            phase("parameters")
-            self.state = api.CheckpointState.load_checkpoint(files["checkpoint"])
-            self._check_state()
-            phase("gradients")
-            self.module = api.Module(files["training_model"], self.state, files["eval_model"],
-                                     session_options=so)
-            phase("optimizer_state")
-            self.optimizer = api.Optimizer(files["optimizer_model"], self.module)
-        except RuntimeError as e:
-            raise self._translate(e, "loading the artifact") from e
+        self._so = so
+        self._files = {role: str(self.folder / e.path) for role, e in m.files.items()}
+        self._load(self._files["checkpoint"], on_phase)
         self.optimizer.set_learning_rate(float(m.optimizer["lr"]))
         self.micro_batch = m.plan.micro_batch
         self._label_dtype = np.int64
         self._infer = None  # (path, InferenceSession) of the last exported inference model
+        self._side: dict = {}  # role -> InferenceSession of a side graph (exporters/sidegraphs.py)
+
+    def _load(self, checkpoint: str, on_phase=None) -> None:
+        """(Re)build state, module and optimizer from a checkpoint; old ones are freed first."""
+        api, files = training_api(), self._files
+        phase = on_phase or (lambda name: None)  # measurement marks where bytes go
+        self.optimizer = self.module = self.state = None
+        try:
+            phase("parameters")
+            self.state = api.CheckpointState.load_checkpoint(checkpoint)
+            self._check_state()
+            phase("gradients")
+            self.module = api.Module(files["training_model"], self.state, files["eval_model"],
+                                     session_options=self._so)
+            phase("optimizer_state")
+            self.optimizer = api.Optimizer(files["optimizer_model"], self.module)
+        except RuntimeError as e:
+            raise self._translate(e, "loading the artifact") from e
 
     # ---- checks ------------------------------------------------------------------------------
     def _check_state(self) -> None:
@@ -99,19 +110,26 @@ class DeviceRuntime:
         except RuntimeError as e:
             raise self._translate(e, what) from e
 
-    def preflight(self) -> None:
+    def preflight(self, mask_gradients: bool = False, batchnorm_stats: bool = False) -> None:
         """Run one forward/backward at the micro-batch shape on zeros, then undo its effects.
 
         A budget too small for training fails here, before any data is touched or any
         checkpoint written. Gradients are reset; BatchNorm running statistics, which a
-        training-mode forward updates in place, are restored.
+        training-mode forward updates in place, are restored. mask_gradients / batchnorm_stats
+        also run those side graphs once, for work that will need them.
         """
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
+        y = np.zeros(b, np.int64)
         self.module.train()
-        self._run(x, np.zeros(b, np.int64), f"a training step at micro-batch {b}")
+        self._run(x, y, f"a training step at micro-batch {b}")
         self.module.lazy_reset_grad()
+        if mask_gradients:
+            self.dense_gradients([(x, y)])
+        if batchnorm_stats:
+            self._side_run("batchnorm_stats_model", {self.manifest.input.name: x},
+                           f"BatchNorm statistics at micro-batch {b}")
         for name, value in frozen.items():
             self.state.parameters[name].data[...] = value
 
@@ -135,6 +153,115 @@ class DeviceRuntime:
 
     def set_learning_rate(self, lr: float) -> None:
         self.optimizer.set_learning_rate(float(lr))
+
+    # ---- side graphs -------------------------------------------------------------------------
+    def _side_run(self, role: str, feeds: dict, what: str) -> dict[str, np.ndarray]:
+        """Run a side graph inside the cap, its parameter inputs fed from the live state."""
+        if role not in self._side:
+            if role not in self._files:
+                raise ArtifactError(f"the artifact has no {role} (manifest files: "
+                                    f"{sorted(self._files)}); re-export it with this edgetrain")
+            so = self._ort.SessionOptions()
+            so.add_session_config_entry("session.use_env_allocators", "1")
+            so.log_severity_level = self._so.log_severity_level
+            so.intra_op_num_threads = self._so.intra_op_num_threads
+            try:
+                self._side[role] = self._ort.InferenceSession(
+                    self._files[role], so, providers=["CPUExecutionProvider"])
+            except RuntimeError as e:
+                raise self._translate(e, f"loading the {role}") from e
+        sess = self._side[role]
+        params = self.state.parameters  # .data is a zero-copy view of the state's tensor
+        feeds = {**{i.name: params[i.name].data for i in sess.get_inputs() if i.name in params},
+                 **feeds}
+        try:
+            outs = sess.run(None, feeds)
+        except RuntimeError as e:
+            raise self._translate(e, what) from e
+        return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
+
+    def dense_gradients(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Gradient of the loss w.r.t. each masked layer's dense weight, flattened [numel] and
+        summed over `batches` of (x, y): what RigL grows by. Changes no state."""
+        inp, lab = self.manifest.input.name, self.manifest.input.label_name
+        total: dict[str, np.ndarray] = {}
+        for x, y in batches:
+            outs = self._side_run("mask_grad_model",
+                                  {inp: np.ascontiguousarray(x, np.float32),
+                                   lab: np.ascontiguousarray(y, self._label_dtype)},
+                                  f"the dense gradients at micro-batch {len(x)}")
+            for name, g in outs.items():
+                total[name] = g if name not in total else total[name] + g
+        return {m.weight: total[f"{m.weight}_grad"] for m in self.manifest.masks}
+
+    def update_masks(self, method: str, fraction: float, batches: list, rng: np.random.Generator
+                     ) -> int:
+        """One mask update (edgetrain/masks.py) of every masked layer; returns regrown count.
+
+        Regrown weights are zero and their AdamW moments are zeroed; the rest of the state,
+        the step count and the learning rate carry on. Call between optimizer steps."""
+        if method not in UPDATERS:
+            raise ValueError(f"unknown mask updater {method!r}; choose one of {sorted(UPDATERS)}")
+        if not self.manifest.masks:
+            raise ValueError("the artifact has no sparse masks; export it with --density < 1 "
+                             "to train it sparse")
+        updater = UPDATERS[method]
+        grads = self.dense_gradients(batches) if updater.needs_dense_grad else {}
+        params, slots = self.state.parameters, {}
+        for mask in self.manifest.masks:
+            n = int(round(fraction * mask.nnz))
+            if n == 0:
+                continue
+            values, positions = params[mask.values].data, params[mask.positions].data
+            new_values, new_positions, regrown = update_layer(
+                values, positions.astype(np.int64), mask.numel, n, updater.keep_score(values),
+                updater.grow_score(grads.get(mask.weight), mask.numel, rng))
+            values[...] = new_values
+            positions[...] = new_positions.astype(positions.dtype)
+            slots[mask.values] = regrown
+        if slots:
+            self._reload_with_fresh_moments(slots)
+        return sum(len(s) for s in slots.values())
+
+    def _reload_with_fresh_moments(self, slots: dict[str, np.ndarray]) -> None:
+        """Zero the AdamW moments of the given elements. ORT exposes no optimizer state, so the
+        state goes through a checkpoint file (edgetrain/ortcheckpoint.py) and is loaded again."""
+        fd, tmp = tempfile.mkstemp(prefix="edgetrain-mask-update-")
+        os.close(fd)
+        try:
+            training_api().CheckpointState.save_checkpoint(self.state, tmp,
+                                                        include_optimizer_state=True)
+            buf = bytearray(Path(tmp).read_bytes())
+            zero_moments(buf, slots)
+            Path(tmp).write_bytes(buf)
+            lr = self.optimizer.get_learning_rate()
+            self._load(tmp)
+            self.optimizer.set_learning_rate(lr)
+        finally:
+            os.unlink(tmp)
+
+    def reset_batchnorm(self, batches) -> int:
+        """RESET (seed 003): set every BatchNorm's running statistics to the mean over `batches`
+        (inputs [B, *sample_shape]) of its batch statistics, computed by forward passes only.
+        Returns the number of batches used."""
+        sums: dict[str, np.ndarray] = {}
+        count = 0
+        for x in batches:
+            outs = self._side_run("batchnorm_stats_model",
+                                  {self.manifest.input.name: np.ascontiguousarray(x, np.float32)},
+                                  f"BatchNorm statistics at batch {len(x)}")
+            for name, v in outs.items():
+                if name != "logits":
+                    sums[name] = sums.get(name, 0) + v.astype(np.float64)
+            count += 1
+        if count == 0:
+            raise ValueError("BatchNorm RESET needs at least one batch of samples")
+        params = self.state.parameters
+        for name, s in sums.items():
+            target = params[name].data
+            assert target.shape == s.shape, (name, target.shape, s.shape)
+            target[...] = (s / count).astype(target.dtype)
+        return count
 
     # ---- evaluation --------------------------------------------------------------------------
     def eval_logits(self, x: np.ndarray) -> np.ndarray:

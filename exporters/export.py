@@ -26,10 +26,14 @@ from onnx import numpy_helper
 from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
 from exporters.memplan import predict_memory
 from exporters.recompute import plan_and_rewrite
+from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
 from exporters.sparse import sparsify
 
 FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
          "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
+# Written when the model has masks / BatchNorm layers (exporters/sidegraphs.py).
+SIDE_FILES = {"mask_grad_model": "mask_grad_model.onnx",
+              "batchnorm_stats_model": "batchnorm_stats_model.onnx"}
 INPUT_NAME, LOGITS_NAME, LABEL_NAME = "input", "logits", "labels"
 
 
@@ -122,11 +126,18 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                                recomputed=rplan.recomputed,
                                recompute_budget_bytes=recompute_budget_bytes)
     optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
+    files = dict(FILES)
+    if masks:
+        files["mask_grad_model"] = SIDE_FILES["mask_grad_model"]
+        write_mask_grad_model(out / FILES["training_model"], masks, out / files["mask_grad_model"])
+    if write_batchnorm_stats_model(model, example_input, out / SIDE_FILES["batchnorm_stats_model"],
+                                   set(trainable + frozen), INPUT_NAME):
+        files["batchnorm_stats_model"] = SIDE_FILES["batchnorm_stats_model"]
 
     predicted = predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch, FILES)
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,
-        files={role: file_entry(out, name) for role, name in FILES.items()},
+        files={role: file_entry(out, name) for role, name in files.items()},
         input=InputSpec(name=INPUT_NAME, sample_shape=sample_shape, dtype="float32",
                         label_name=LABEL_NAME,
                         image_shape=tuple(image_shape) if image_shape else sample_shape,

@@ -38,8 +38,10 @@ class SparseWeight(nn.Module):
 
     def dense(self) -> torch.Tensor:
         numel = math.prod(self.shape)
-        flat = torch.zeros(numel, dtype=self.weight_values.dtype)
-        flat = flat.scatter(0, self.weight_positions.long(), self.weight_values)
+        # The zeros are computed from a graph input, not stored: a constant [numel] would be an
+        # initializer, held by every session for the whole run (dense bytes, per session).
+        zero = self.weight_positions[:1].to(self.weight_values.dtype) * 0
+        flat = zero.expand(numel).scatter(0, self.weight_positions.long(), self.weight_values)
         return flat.view(self.shape)
 
 

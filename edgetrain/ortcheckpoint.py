@@ -1,0 +1,56 @@
+"""Surgery on ONNX Runtime's checkpoint file: the one place the optimizer state can be reached.
+
+onnxruntime-training 1.19 keeps AdamW's moments inside its CheckpointState and exposes no
+Python handle to them; they are only written into the checkpoint, a flatbuffer
+(onnxruntime/core/flatbuffers/schema/ort_training_checkpoint.fbs, whose generated readers ship
+in the wheel). Each moment's raw bytes sit in the buffer, so zeroing some elements is an
+in-place write that changes no size or offset.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edgetrain.ort_device import onnxruntime
+
+_FLOAT = 1  # onnx TensorProto.FLOAT, as the checkpoint records data types
+
+
+def _moments(buf: bytearray) -> dict[str, list[np.ndarray]]:
+    """Writable float32 views into `buf` of each parameter's moments, by parameter name."""
+    onnxruntime()  # imports ORT with the torch guard in place
+    from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint
+
+    ckpt = Checkpoint.Checkpoint.GetRootAs(buf, 0)
+    out: dict[str, list[np.ndarray]] = {}
+    for g in range(ckpt.OptimizerGroupsLength()):
+        group = ckpt.OptimizerGroups(g)
+        for s in range(group.OptimizerStatesLength()):
+            state = group.OptimizerStates(s)
+            views = []
+            for j in range(state.MomentumsLength()):
+                t = state.Momentums(j)
+                if t.DataType() != _FLOAT:
+                    raise ValueError(f"moment {j} of {state.ParamName().decode()!r} has data type "
+                                     f"{t.DataType()}, not float32")
+                views.append(t.RawDataAsNumpy().view(np.float32))
+            out.setdefault(state.ParamName().decode(), []).extend(views)
+    return out
+
+
+def optimizer_moments(buf: bytes | bytearray) -> dict[str, list[np.ndarray]]:
+    """Copies of every parameter's optimizer moments (flattened), by parameter name."""
+    return {name: [v.copy() for v in views] for name, views in _moments(bytearray(buf)).items()}
+
+
+def zero_moments(buf: bytearray, elements: dict[str, np.ndarray]) -> None:
+    """Set the moments of the given flat elements of each named parameter to zero, in `buf`.
+
+    A fresh AdamW state for those elements: their next update starts from their own gradient
+    alone. Raises ValueError if the checkpoint has no optimizer state for a parameter."""
+    moments = _moments(buf)
+    for name, idx in elements.items():
+        if name not in moments:
+            raise ValueError(f"the checkpoint holds no optimizer state for {name!r}; save it "
+                             "with include_optimizer_state=True")
+        for view in moments[name]:
+            view[idx] = 0.0

@@ -50,11 +50,18 @@ def main() -> None:
     write_table(rows)
 
 
-def write_table(rows: list[dict]) -> None:
-    doc = ROOT / "docs" / "predictor.md"
+def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:
+    """Put `lines` between the markers <!-- name --> and <!-- /name --> in `doc`."""
     text = doc.read_text()
-    head, _, rest = text.partition("<!-- table -->")
-    _, _, tail = rest.partition("<!-- /table -->")
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{doc} has no {start} ... {end} markers for the table")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    doc.write_text(head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
+
+
+def write_table(rows: list[dict]) -> None:
     lines = ["| network | batch | measured peak | predicted peak | error | measured activations "
              "| predicted activations |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -62,7 +69,7 @@ def write_table(rows: list[dict]) -> None:
                      f"{r['predicted_peak_bytes']:,} | {r['error_ratio']:+.1%} | "
                      f"{r['breakdown']['activations']:,} | "
                      f"{r['predicted_breakdown']['activations']:,} |")
-    doc.write_text(head + "<!-- table -->\n" + "\n".join(lines) + "\n<!-- /table -->" + tail)
+    replace_table(ROOT / "docs" / "predictor.md", lines)
 
 
 if __name__ == "__main__":

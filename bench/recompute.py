@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
@@ -104,11 +104,7 @@ def main() -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "recompute.json").write_text(json.dumps(rows, indent=2))
-    doc = ROOT / "docs" / "recompute.md"
-    text = doc.read_text()
-    head, _, rest = text.partition("<!-- table -->")
-    _, _, tail = rest.partition("<!-- /table -->")
-    doc.write_text(head + "<!-- table -->\n" + table(rows) + "\n<!-- /table -->" + tail)
+    replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines())
 
 
 if __name__ == "__main__":

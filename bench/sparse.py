@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
 
 DENSITIES = (1.0, 0.5, 0.2, 0.1)
 NETWORK, BATCH = "patch_mobilenet", 8
@@ -52,11 +52,7 @@ def main() -> None:
                      f"{r['parameters_bytes']:,} | {r['gradients_bytes']:,} | "
                      f"{r['optimizer_state_bytes']:,} | {r['state_bytes']:,} | "
                      f"{r['state_ratio']:.3f} | {r['activation_bytes']:,} | {r['peak_bytes']:,} |")
-    doc = ROOT / "docs" / "sparse.md"
-    text = doc.read_text()
-    head, _, rest = text.partition("<!-- table -->")
-    _, _, tail = rest.partition("<!-- /table -->")
-    doc.write_text(head + "<!-- table -->\n" + "\n".join(lines) + "\n<!-- /table -->" + tail)
+    replace_table(ROOT / "docs" / "sparse.md", lines)
 
 
 if __name__ == "__main__":

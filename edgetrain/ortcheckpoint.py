@@ -54,3 +54,14 @@ def zero_moments(buf: bytearray, elements: dict[str, np.ndarray]) -> None:
                              "with include_optimizer_state=True")
         for view in moments[name]:
             view[idx] = 0.0
+
+
+def optimizer_step_count(buf: bytes | bytearray) -> int:
+    """The optimizer's step count (AdamW's bias correction) saved in the checkpoint."""
+    onnxruntime()
+    from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint
+
+    ckpt = Checkpoint.Checkpoint.GetRootAs(bytearray(buf), 0)
+    if ckpt.OptimizerGroupsLength() == 0:
+        raise ValueError("the checkpoint holds no optimizer state")
+    return int(ckpt.OptimizerGroups(0).Step())

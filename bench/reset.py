@@ -1,0 +1,56 @@
+"""One-shot magnitude pruning of the pretrained patch MobileNet, without and with RESET.
+
+    .venv/bin/python bench/reset.py        # about 3 minutes on 2 cores
+
+Prunes the population model (user 10 held out) layer by layer by magnitude (uniform
+allocation: every Conv/Linear layer at the same sparsity) to 0/50/80/90/95% sparsity, and
+with ERK allocation for comparison, then runs `edgetrain reset-bn` on device: BatchNorm
+statistics re-estimated from forward passes over at most 256 of user 10's personalisation
+samples, inside the watchos-extension budget. Accuracy on user 10's test arm before and
+after. Writes bench/results/reset.json and the table in docs/sparse.md.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
+
+SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
+ALLOCATIONS = ("uniform", "erk")
+DEVICE, USER, SAMPLES = "watchos-extension", 10, 256
+
+
+def main() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for allocation in ALLOCATIONS:
+            for sparsity in SPARSITIES:
+                if sparsity == 0 and allocation != ALLOCATIONS[0]:
+                    continue  # dense is dense
+                art = Path(tmp) / f"{allocation}-{sparsity}"
+                run("export", "--model", "patch_mobilenet", "--holdout-user", str(USER),
+                    "--density", str(round(1 - sparsity, 4)), "--mask-allocation", allocation,
+                    "--mask-init", "magnitude", "--out", str(art))
+                r = json.loads(run("reset-bn", str(art), "--user", str(USER), "--device",
+                                   DEVICE, "--samples", str(SAMPLES), "--out",
+                                   str(Path(tmp) / f"run-{allocation}-{sparsity}"), "--json"))
+                row = {"allocation": allocation, "sparsity": sparsity, **r}
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("allocation", "sparsity", "samples",
+                                                      "accuracy_before", "accuracy_after")}),
+                      flush=True)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reset.json").write_text(json.dumps(rows, indent=2))
+    lines = ["| sparsity | allocation | samples | accuracy without RESET | with RESET |",
+             "|---:|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['sparsity']:.0%} | {r['allocation'] if r['sparsity'] else '-'} | "
+                     f"{r['samples']} | {r['accuracy_before']:.3f} | {r['accuracy_after']:.3f} |")
+    replace_table(ROOT / "docs" / "sparse.md", lines, "reset-table")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,10 @@
 """One-shot magnitude pruning of the pretrained patch MobileNet, without and with RESET.
 
-    .venv/bin/python bench/reset.py        # about 3 minutes on 2 cores
+    .venv/bin/python bench/reset.py        # about 8 minutes on 2 cores
 
-Prunes the population model (user 10 held out) layer by layer by magnitude (uniform
-allocation: every Conv/Linear layer at the same sparsity) to 0/50/80/90/95% sparsity, and
-with ERK allocation for comparison, then runs `edgetrain reset-bn` on device: BatchNorm
+Prunes the population model (user 10 held out) by magnitude to 0/50/80/90/95% sparsity, with
+three per-layer allocations: uniform (layerwise magnitude pruning), global (one threshold
+over all layers: global magnitude pruning; seed 003 uses both) and ERK, then runs `edgetrain reset-bn` on device: BatchNorm
 statistics re-estimated from forward passes over at most 256 of user 10's personalisation
 samples, inside the watchos-extension budget. Accuracy on user 10's test arm before and
 after. Writes bench/results/reset.json and the table in docs/sparse.md.
@@ -18,7 +18,7 @@ from pathlib import Path
 from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
 
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
-ALLOCATIONS = ("uniform", "erk")
+ALLOCATIONS = ("uniform", "global", "erk")
 DEVICE, USER, SAMPLES = "watchos-extension", 10, 256
 
 

@@ -90,8 +90,9 @@ def devices(as_json):
 @click.option("--budget", type=Bytes(), help="Byte budget for --recompute budget, e.g. 64MiB.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=1.0,
               show_default=True, help="Kept fraction of Conv/Linear weights (1.0 = dense).")
-@click.option("--mask-allocation", type=click.Choice(["erk", "uniform"]), default="erk",
-              show_default=True, help="Per-layer densities.")
+@click.option("--mask-allocation", type=click.Choice(["erk", "global", "uniform"]),
+              default="erk", show_default=True,
+              help="Per-layer densities: ERK, one global magnitude threshold, or uniform.")
 @click.option("--mask-init", type=click.Choice(["magnitude", "random"]), default="magnitude",
               show_default=True, help="Which weights the first mask keeps.")
 @click.option("--json", "as_json", is_flag=True)

@@ -7,6 +7,7 @@ export_inference. Runs in a process without torch (see ort_device.py).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
 from pathlib import Path
@@ -239,6 +240,7 @@ class DeviceRuntime:
             self.optimizer.set_learning_rate(lr)
         finally:
             os.unlink(tmp)
+        _trim_heap()
 
     def reset_batchnorm(self, batches) -> int:
         """RESET (seed 003): set every BatchNorm's running statistics to the mean over `batches`
@@ -327,6 +329,16 @@ def run_padded(fn, x: np.ndarray, batch: int, num_classes: int) -> np.ndarray:
             chunk = np.concatenate([chunk, np.zeros((batch - n, *chunk.shape[1:]), np.float32)])
         out.append(np.array(fn(chunk)[:n]))
     return np.concatenate(out) if out else np.zeros((0, num_classes), np.float32)
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps them otherwise: rebuilding the
+    sessions at every mask update grew the process by about 1 MB of freed-but-held heap per
+    update (patch MobileNet: 106 -> 243 MB RSS over 120 updates; flat at 102 MB with this)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _fsync_replace(tmp: Path, path: Path) -> None:

@@ -6,8 +6,8 @@ tensor (so its gradient and both AdamW moments are nnz-sized too) and
 weight. Forward scatters the values into zeros to build the dense weight, which exists only
 while the step runs. Weights off the mask are exactly zero by construction.
 
-Per-layer densities come from an allocation in ALLOCATIONS (uniform, or ERK: Evci et al.
-2020) and the first mask from an initialiser in INITS (random, or the largest magnitudes of
+Per-layer densities come from an allocation in ALLOCATIONS (uniform, global magnitude, or
+ERK: Evci et al. 2020) and the first mask from an initialiser in INITS (random, or the largest magnitudes of
 the pretrained weights). Each entry is a small function; see their docstrings.
 """
 from __future__ import annotations
@@ -67,15 +67,26 @@ class SparseLinear(SparseWeight):
 
 
 # ---- per-layer densities -------------------------------------------------------------------
-def allocate_uniform(shapes: dict[str, tuple[int, ...]], density: float) -> dict[str, float]:
-    """Every layer at the target density."""
-    return {n: density for n in shapes}
+def allocate_uniform(weights: dict[str, torch.Tensor], density: float) -> dict[str, float]:
+    """Every layer at the target density (with magnitude init: layerwise magnitude pruning)."""
+    return {n: density for n in weights}
 
 
-def allocate_erk(shapes: dict[str, tuple[int, ...]], density: float) -> dict[str, float]:
+def allocate_global(weights: dict[str, torch.Tensor], density: float) -> dict[str, float]:
+    """One magnitude threshold over all layers (with magnitude init: global magnitude
+    pruning, seed 003): a layer keeps the fraction of its weights above the threshold."""
+    flat = torch.cat([w.detach().abs().reshape(-1) for w in weights.values()])
+    k = max(1, round(density * flat.numel()))
+    threshold = flat.topk(k).values[-1]
+    return {n: float((w.detach().abs() >= threshold).sum()) / w.numel()
+            for n, w in weights.items()}
+
+
+def allocate_erk(weights: dict[str, torch.Tensor], density: float) -> dict[str, float]:
     """Erdős–Rényi-Kernel (RigL): density of a layer proportional to sum(shape) / prod(shape),
     scaled so the kept total is `density` of all weights; layers that would exceed 1 stay
     dense and the rest are rescaled."""
+    shapes = {n: tuple(w.shape) for n, w in weights.items()}
     total = sum(math.prod(s) for s in shapes.values())
     dense: set[str] = set()
     while True:
@@ -90,6 +101,7 @@ def allocate_erk(shapes: dict[str, tuple[int, ...]], density: float) -> dict[str
 
 ALLOCATIONS: dict[str, Callable[[dict, float], dict[str, float]]] = {
     "uniform": allocate_uniform,
+    "global": allocate_global,
     "erk": allocate_erk,
 }
 
@@ -129,7 +141,7 @@ def sparsify(model: nn.Module, density: float, allocation: str = "erk",
     if density == 1 or not layers:
         return model, ()
     shapes = {n: tuple(m.weight.shape) for n, m in layers.items()}
-    densities = ALLOCATIONS[allocation](shapes, density)
+    densities = ALLOCATIONS[allocation]({n: m.weight for n, m in layers.items()}, density)
     generator = torch.Generator().manual_seed(seed)
     specs = []
     for name, layer in layers.items():

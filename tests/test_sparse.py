@@ -38,6 +38,27 @@ def test_every_allocation_and_init_hits_the_density(allocation, init):
         assert len(set(layer.weight_positions.tolist())) == m.nnz  # positions distinct
 
 
+def test_cli_offers_exactly_the_registries():
+    from edgetrain.cli import export
+
+    choices = {o.name: o.type.choices for o in export.params if o.name.startswith("mask_")}
+    assert sorted(choices["mask_allocation"]) == sorted(ALLOCATIONS)
+    assert sorted(choices["mask_init"]) == sorted(INITS)
+
+
+def test_global_allocation_is_one_magnitude_threshold():
+    original = net()
+    model, masks = sparsify(original, 0.3, "global", "magnitude")
+    kept = torch.cat([model.get_submodule(m.weight.removesuffix(".weight")).weight_values.abs()
+                      for m in masks])
+    dropped = torch.cat([
+        w.detach().abs().reshape(-1)[np.setdiff1d(
+            np.arange(w.numel()),
+            model.get_submodule(m.weight.removesuffix(".weight")).weight_positions.long().numpy())]
+        for m in masks for w in [original.get_submodule(m.weight.removesuffix(".weight")).weight]])
+    assert kept.min() >= dropped.max()
+
+
 def test_magnitude_init_keeps_the_largest_weights():
     original = net()
     model, masks = sparsify(original, 0.3, "uniform", "magnitude")

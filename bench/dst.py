@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
 
 DENSITY, DEVICE, USER, EPOCHS, SEEDS = 0.1, "watchos-extension", 10, 3, (0, 1, 2)
 RUNS = {"dense": (1.0, None), "static": (DENSITY, None), "set": (DENSITY, "set"),
@@ -47,9 +47,7 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("run", "seed", "accuracy_before",
                                                       "accuracy_after", "train_time_s",
                                                       "mask_updates")}), flush=True)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dst.json").write_text(json.dumps(rows, indent=2))
+    save_results("dst", rows)
     lines = ["| run | density | measured step peak | accuracy before | accuracy after "
              "(mean ± sd, 3 seeds) | per seed | mask updates | train time |",
              "|---|---:|---:|---:|---:|---|---:|---:|"]

@@ -44,10 +44,15 @@ def main() -> None:
                              "step_time_s": d["step_time_s"]})
                 print(f"{net:16s} batch {b:2d}: measured {d['peak_bytes']:>14,} predicted "
                       f"{d['predicted_peak_bytes']:>14,} ({err:+.1%})", flush=True)
+    save_results("predictor", rows)
+    write_table(rows)
+
+
+def save_results(name: str, rows: list[dict]) -> None:
+    """Write rows to bench/results/<name>.json."""
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "predictor.json").write_text(json.dumps(rows, indent=2))
-    write_table(rows)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
 
 
 def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:

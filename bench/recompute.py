@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
@@ -101,9 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for net in NETWORKS:
             rows += bench_network(Path(tmp), net)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recompute.json").write_text(json.dumps(rows, indent=2))
+    save_results("recompute", rows)
     replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines())
 
 

@@ -15,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
 
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
 ALLOCATIONS = ("uniform", "global", "erk")
@@ -41,9 +41,7 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("allocation", "sparsity", "samples",
                                                       "accuracy_before", "accuracy_after")}),
                       flush=True)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "reset.json").write_text(json.dumps(rows, indent=2))
+    save_results("reset", rows)
     lines = ["| sparsity | allocation | samples | accuracy without RESET | with RESET |",
              "|---:|---|---:|---:|---:|"]
     for r in rows:

@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run  # bench/predictor.py: the CLI runner
+from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
 
 DENSITIES = (1.0, 0.5, 0.2, 0.1)
 NETWORK, BATCH = "patch_mobilenet", 8
@@ -41,9 +41,7 @@ def main() -> None:
     for r in rows:
         r["state_ratio"] = round(r["state_bytes"] / dense, 4)
         print(json.dumps(r), flush=True)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sparse.json").write_text(json.dumps(rows, indent=2))
+    save_results("sparse", rows)
     lines = ["| density | masked weights | kept values | parameters | gradients "
              "| optimizer state | sum | vs dense | activations | peak |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

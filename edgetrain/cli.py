@@ -5,6 +5,7 @@ and never load torch. Byte sizes such as "15MB" or "8MiB" are parsed here and no
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -49,6 +50,46 @@ def _budget(device: str | None, budget: int | None) -> tuple[str | None, int | N
     if device:
         return device, get_profile(device).ram_budget_bytes
     return None, budget
+
+
+def _user_run_options(f):
+    """--user/--data/--test, --device/--budget and --out: a run on one user's data in a budget."""
+    options = [
+        click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10)."),
+        click.option("--data", "data_file", type=click.Path(),
+                     help="Your windows: .npz with x and y."),
+        click.option("--test", "test_file", type=click.Path(),
+                     help="Optional .npz test set for --data."),
+        click.option("--device", type=click.Choice(sorted(PROFILES)),
+                     help="Device profile (budget)."),
+        click.option("--budget", type=Bytes(), help="RAM budget, e.g. 15MB or 8692224."),
+        click.option("--out", required=True, type=click.Path(file_okay=False),
+                     help="Run folder."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | None, int]:
+    """Check the user-data and budget options of a run; returns (device, budget_bytes)."""
+    if (user is None) == (data_file is None):
+        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
+    if device is None and budget is None:
+        raise click.UsageError(f"give --device NAME or --budget BYTES: {what} always runs "
+                               "inside a memory budget (`edgetrain devices` lists profiles)")
+    return _budget(device, budget)
+
+
+@contextlib.contextmanager
+def _exit_on_device_errors():
+    """A budget too small exits 3; a bad artifact, bad data or bad argument exits 2."""
+    try:
+        yield
+    except BudgetError as e:
+        _fail(str(e), EXIT_BUDGET)
+    except (ArtifactError, ValueError) as e:  # DataError is a ValueError
+        _fail(str(e), EXIT_BAD_INPUT)
 
 
 def _mib(n: int | None) -> str:
@@ -142,12 +183,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10).")
-@click.option("--data", "data_file", type=click.Path(), help="Your windows: .npz with x and y.")
-@click.option("--test", "test_file", type=click.Path(), help="Optional .npz test set for --data.")
-@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
-@click.option("--budget", type=Bytes(), help="RAM budget for training, e.g. 15MB or 8692224.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder.")
+@_user_run_options
 @click.option("--epochs", type=int, default=3, show_default=True)
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
@@ -173,13 +209,8 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     from edgetrain.personalise import personalise as run
     from edgetrain.userdata import user_data
 
-    if (user is None) == (data_file is None):
-        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
-    if device is None and budget is None:
-        raise click.UsageError("give --device NAME or --budget BYTES: personalisation always "
-                               "runs inside a memory budget (`edgetrain devices` lists profiles)")
-    device, budget_bytes = _budget(device, budget)
-    try:
+    device, budget_bytes = _user_run_budget(user, data_file, device, budget, "personalisation")
+    with _exit_on_device_errors():
         train, test = user_data(artifact, user, data_file, test_file)
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
@@ -188,10 +219,6 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
         with _progress(not as_json) as progress:
             r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
                     threads=threads)
-    except BudgetError as e:
-        _fail(str(e), EXIT_BUDGET)
-    except (ArtifactError, DataError, ValueError) as e:
-        _fail(str(e), EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
         return
@@ -210,12 +237,7 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
 
 @main.command("reset-bn")
 @click.argument("artifact", type=click.Path())
-@click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10).")
-@click.option("--data", "data_file", type=click.Path(), help="Your windows: .npz with x and y.")
-@click.option("--test", "test_file", type=click.Path(), help="Optional .npz test set for --data.")
-@click.option("--device", type=click.Choice(sorted(PROFILES)), help="Device profile (budget).")
-@click.option("--budget", type=Bytes(), help="RAM budget, e.g. 15MB or 8692224.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder.")
+@_user_run_options
 @click.option("--samples", type=int, default=256, show_default=True,
               help="User samples that feed the statistics (forward passes only).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
@@ -228,20 +250,11 @@ def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples,
     from edgetrain.bnreset import reset_batchnorm
     from edgetrain.userdata import user_data
 
-    if (user is None) == (data_file is None):
-        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
-    if device is None and budget is None:
-        raise click.UsageError("give --device NAME or --budget BYTES: RESET runs inside a "
-                               "memory budget (`edgetrain devices` lists profiles)")
-    device, budget_bytes = _budget(device, budget)
-    try:
+    device, budget_bytes = _user_run_budget(user, data_file, device, budget, "RESET")
+    with _exit_on_device_errors():
         train, test = user_data(artifact, user, data_file, test_file)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
                             micro_batch, threads)
-    except BudgetError as e:
-        _fail(str(e), EXIT_BUDGET)
-    except (ArtifactError, DataError, ValueError) as e:
-        _fail(str(e), EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
         return

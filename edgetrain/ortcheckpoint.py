@@ -15,12 +15,17 @@ from edgetrain.ort_device import onnxruntime
 _FLOAT = 1  # onnx TensorProto.FLOAT, as the checkpoint records data types
 
 
-def _moments(buf: bytearray) -> dict[str, list[np.ndarray]]:
-    """Writable float32 views into `buf` of each parameter's moments, by parameter name."""
+def _checkpoint(buf: bytearray):
+    """The flatbuffer reader of a checkpoint held in `buf` (views into it, no copy)."""
     onnxruntime()  # imports ORT with the torch guard in place
     from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint
 
-    ckpt = Checkpoint.Checkpoint.GetRootAs(buf, 0)
+    return Checkpoint.Checkpoint.GetRootAs(buf, 0)
+
+
+def _moments(buf: bytearray) -> dict[str, list[np.ndarray]]:
+    """Writable float32 views into `buf` of each parameter's moments, by parameter name."""
+    ckpt = _checkpoint(buf)
     out: dict[str, list[np.ndarray]] = {}
     for g in range(ckpt.OptimizerGroupsLength()):
         group = ckpt.OptimizerGroups(g)
@@ -58,10 +63,7 @@ def zero_moments(buf: bytearray, elements: dict[str, np.ndarray]) -> None:
 
 def optimizer_step_count(buf: bytes | bytearray) -> int:
     """The optimizer's step count (AdamW's bias correction) saved in the checkpoint."""
-    onnxruntime()
-    from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint
-
-    ckpt = Checkpoint.Checkpoint.GetRootAs(bytearray(buf), 0)
+    ckpt = _checkpoint(bytearray(buf))
     if ckpt.OptimizerGroupsLength() == 0:
         raise ValueError("the checkpoint holds no optimizer state")
     return int(ckpt.OptimizerGroups(0).Step())

@@ -81,14 +81,25 @@ class UserSplit:
     test: tuple[np.ndarray, np.ndarray]  # the user's windows on TEST_SIDE
 
 
-def leave_one_subject_out(recs: Recordings, user: int) -> UserSplit:
+def _check_subject(recs: Recordings, user: int) -> None:
     subjects = sorted(set(int(s) for s in recs.subject))
     if user not in subjects:
         raise DataError(f"user {user} is not in the built-in data set; choose one of {subjects}")
-    pop = np.flatnonzero(recs.subject != user)
+
+
+def population_windows(recs: Recordings, held_out: tuple[int, ...]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of every subject not in `held_out` (the population a model pretrains on)."""
+    for u in held_out:
+        _check_subject(recs, u)
+    return windows(recs, np.flatnonzero(~np.isin(recs.subject, held_out)))
+
+
+def leave_one_subject_out(recs: Recordings, user: int) -> UserSplit:
+    _check_subject(recs, user)
     mine = recs.subject == user
     return UserSplit(
-        population=windows(recs, pop),
+        population=population_windows(recs, (user,)),
         personalise=windows(recs, np.flatnonzero(mine & (recs.side == PERSONALISE_SIDE))),
         test=windows(recs, np.flatnonzero(mine & (recs.side == TEST_SIDE))),
     )

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from edgetrain import data
 from edgetrain.manifest import Manifest, Plan
+from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
 from exporters.networks import build_network
 
@@ -37,48 +38,88 @@ class PretrainConfig:
     lr: float = 3e-3
     patches_per_window: int = 8
     seed: int = 0
+    also_held_out: tuple[int, ...] = ()  # more subjects kept out of the population
+    dst: DstConfig | None = None  # sparse epochs after the dense ones (exporters/dst.py)
+
+    @property
+    def held_out(self) -> tuple[int, ...]:
+        return tuple(sorted({self.holdout_user, *self.also_held_out}))
 
 
 def _key(cfg: PretrainConfig) -> str:
-    blob = json.dumps({"v": CACHE_VERSION, **asdict(cfg)}, sort_keys=True).encode()
+    fields = asdict(cfg)
+    for name in ("also_held_out", "dst"):  # absent when unused: older cache keys stay valid
+        if not fields[name]:
+            del fields[name]
+    blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain"),
              show_progress: bool = True) -> tuple[torch.nn.Module, dict]:
-    """Train (or load from cache) the population model. Returns (model, summary)."""
+    """Train (or load from cache) the population model. Returns (model, summary).
+
+    With cfg.dst, the dense model of the same config (cached too) trains on under masks."""
     recs = data.load_recordings()
-    split = data.leave_one_subject_out(recs, cfg.holdout_user)
-    xw, yw = split.population
+    xw, yw = data.population_windows(recs, cfg.held_out)
     mean, scale = data.channel_stats(xw)
     model, spec = build_network(cfg.model, len(recs.classes), cfg.width)
     summary = {"population_subjects": sorted(int(s) for s in set(recs.subject.tolist())
-                                             if s != cfg.holdout_user),
-               "holdout_user": cfg.holdout_user, "windows": int(len(yw)),
-               "channel_mean": mean, "channel_scale": scale, "config": asdict(cfg)}
+                                             if s not in cfg.held_out),
+               "holdout_user": cfg.holdout_user, "held_out_users": list(cfg.held_out),
+               "windows": int(len(yw)), "channel_mean": mean, "channel_scale": scale,
+               "config": asdict(cfg)}
     cached = cache_dir / f"{cfg.model}-{_key(cfg)}.pt" if cache_dir else None
     if cached is not None and cached.is_file():
         blob = torch.load(cached, weights_only=False)
         model.load_state_dict(blob["state_dict"])
         return model, {**summary, **blob["train"], "cache": str(cached)}
 
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     signals = data.standardised_signals(xw, mean, scale, spec.image_size)
+    if cfg.dst is None:
+        torch.manual_seed(cfg.seed)
+        train = _fit(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None, show_progress)
+    else:
+        dense, dense_summary = pretrain(dataclasses.replace(cfg, dst=None), cache_dir,
+                                        show_progress)
+        model.load_state_dict(dense.state_dict())
+        masks = TorchMasks(model, cfg.dst.density, cfg.dst.allocation)
+        train = _fit(model, cfg, spec, signals, yw, cfg.dst.epochs, cfg.dst.lr, masks,
+                     show_progress)
+        train["dense"] = {k: dense_summary[k] for k in ("final_loss", "pretrain_time_s", "steps")}
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
+        tmp.replace(cached)
+    return model, {**summary, **train, "cache": str(cached) if cached else None}
+
+
+def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
+         yw: np.ndarray, epochs: int, lr: float, masks: TorchMasks | None,
+         show_progress: bool) -> dict:
+    """AdamW with a one-cycle schedule; each epoch draws `patches_per_window` random patches
+    from every window (patch models) or sees every whole image once."""
+    rng = np.random.default_rng(cfg.seed + (1000 if masks is not None else 0))
+    mask_rng = np.random.default_rng([cfg.seed, 1])
     ps = spec.patch_size or spec.image_size
     grid = spec.image_size // ps
     per = cfg.patches_per_window if spec.patch_size else 1
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n_items = len(yw) * per
-    steps = cfg.epochs * (n_items // cfg.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(1, steps))
+    steps = epochs * (n_items // cfg.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(1, steps))
+    schedule = cfg.dst.schedule() if masks is not None else None
+    if masks is not None:
+        masks.apply(opt)
     t0 = time.perf_counter()
     model.train()
     losses = []
-    bar = tqdm(total=steps, desc=f"pretrain {cfg.model}", disable=None if show_progress else True,
-               mininterval=1.0,
-               unit="step")
-    for _ in range(cfg.epochs):
+    step = regrown = 0
+    desc = f"pretrain {cfg.model}" + (f" sparse {cfg.dst.density:g}" if masks else "")
+    bar = tqdm(total=steps, desc=desc, disable=None if show_progress else True,
+               mininterval=1.0, unit="step")
+    for _ in range(epochs):
         windows = np.repeat(rng.permutation(len(yw)), per)
         rng.shuffle(windows)
         patches = rng.integers(0, grid * grid, len(windows))
@@ -93,18 +134,21 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
             loss.backward()
             opt.step()
             sched.step()
+            step += 1
+            if masks is not None:
+                masks.apply(opt)
+                fraction = schedule.fraction_at(step, steps)
+                if fraction > 0:  # scored by this step's dense gradient, as on the device
+                    regrown += masks.update(schedule.method, fraction, mask_rng, opt)
             losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     bar.close()
-    train = {"final_loss": float(np.mean(losses[-20:])) if losses else None,
-             "pretrain_time_s": round(time.perf_counter() - t0, 1), "steps": steps}
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
-        tmp.replace(cached)
-    return model, {**summary, **train, "cache": str(cached) if cached else None}
+    out = {"final_loss": float(np.mean(losses[-20:])) if losses else None,
+           "pretrain_time_s": round(time.perf_counter() - t0, 1), "steps": steps}
+    if masks is not None:
+        out.update(density=round(masks.density(), 4), regrown_weights=regrown)
+    return out
 
 
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
@@ -113,8 +157,12 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
                  **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
 
-    mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact)."""
+    mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact);
+    by default those of cfg.dst, whose kept weights are the only nonzero ones."""
     model, summary = pretrain(cfg, cache_dir, show_progress)
+    if cfg.dst is not None and not mask_options:  # export exactly the masks it trained with
+        mask_options = {"density": cfg.dst.density, "mask_allocation": cfg.dst.allocation,
+                        "mask_init": "magnitude"}
     _, spec = build_network(cfg.model, 1, cfg.width)
     recs_classes = data.load_recordings().classes
     size = spec.image_size

@@ -20,6 +20,7 @@ Planners are small functions in PLANNERS: (Forward, PlanRequest) -> checkpoints.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -420,6 +421,106 @@ def _gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> 
     return _Dependency([node], f"{p}.start")
 
 
+def rematerialize_masked_weights(m: onnx.ModelProto,
+                                 suffixes: tuple[str, ...] = ("weight_values", "weight_positions")
+                                 ) -> tuple[str, ...]:
+    """Rebuild masked layers' dense weights in backward instead of keeping them (in place).
+
+    A sparse layer scatters its kept values into a dense weight (exporters/sparse.py). Backward
+    reads that weight (ConvGrad needs it for the input gradient), so ORT keeps every layer's
+    dense weight from the forward pass to the backward pass: the whole dense model's bytes at
+    once. Here each late reader (a backward node or a recompute copy) gets its own copy of the
+    scatter chain, started from PassThrough(values, positions, g) with g a late input of that
+    reader: the copy runs just before it is read, and the forward weight dies after its
+    forward use. The int64 scatter indices (8 bytes per kept weight) are rebuilt the same way.
+    Returns the tensors now rebuilt."""
+    nodes = list(m.graph.node)
+    graph_inputs = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
+    producer = {o: n for n in nodes for o in n.output if o}
+    late_nodes = [n for n in nodes if _is_backward(n) or n.name.endswith("_recompute")
+                  or n.op_type == "PassThrough"]
+    late = {o for n in late_nodes for o in n.output if o}
+    late_names = {n.name for n in late_nodes}
+
+    def chain(t: str) -> list | None:
+        """Nodes that build t from graph inputs alone (None if it depends on the data)."""
+        found, stack = {}, [t]
+        while stack:
+            x = stack.pop()
+            n = producer.get(x)
+            if n is None:
+                if x not in graph_inputs and x:
+                    return None
+                continue
+            if n.name in found:
+                continue
+            if n.name in late_names or "input" in n.input:
+                return None
+            found[n.name] = n
+            stack.extend(n.input)
+        return [n for n in nodes if n.name in found]  # graph order is topological
+
+    rebuilt: list[str] = []
+    new_nodes: list = []
+    for k, reader in enumerate(late_nodes):
+        order = next((x for x in reader.input if x in late), None)
+        for j, t in enumerate(reader.input):
+            if t in late or t in graph_inputs or t not in producer or order is None:
+                continue
+            nodes_t = chain(t)
+            if not nodes_t or not any(x.endswith(suffixes) for n in nodes_t for x in n.input):
+                continue
+            sources = sorted({x for n in nodes_t for x in n.input if x in graph_inputs
+                              and producer.get(x) is None and x in _non_constant(m)})
+            p = f"remat.{k}.{j}"
+            alias = [f"{p}.{s}" for s in sources]
+            new_nodes.append(helper.make_node("PassThrough", [*sources, order],
+                                              [*alias, f"{p}.after"], name=f"{p}.pass_through",
+                                              domain="com.microsoft"))
+            local = dict(zip(sources, alias))
+            for n in nodes_t:
+                if not n.input:  # Constant nodes: nothing to order, reuse
+                    continue
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.name = f"{n.name}_{p}"
+                for i, x in enumerate(c.input):
+                    c.input[i] = local.get(x, x)
+                for i, o in enumerate(c.output):
+                    if o:
+                        local[o] = c.output[i] = f"{o}_{p}"
+                new_nodes.append(c)
+            reader.input[j] = local[t]
+            rebuilt.append(t)
+    if new_nodes:
+        if not any(o.domain == "com.microsoft" for o in m.opset_import):
+            m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        m.graph.node.extend(new_nodes)
+        _declare_remat_types(m, new_nodes)
+    return tuple(dict.fromkeys(rebuilt))
+
+
+def _non_constant(m: onnx.ModelProto) -> set[str]:
+    """Graph inputs (trainable values, frozen positions), not stored initializers."""
+    return {i.name for i in m.graph.input}
+
+
+def _declare_remat_types(m: onnx.ModelProto, new_nodes: list) -> None:
+    known = {v.name: v for v in list(m.graph.value_info) + list(m.graph.input)
+             + list(m.graph.output)}
+    for n in new_nodes:
+        for k, o in enumerate(n.output):
+            if not o or o in known:
+                continue
+            src = n.input[k] if n.op_type == "PassThrough" else o.rsplit("_remat.", 1)[0]
+            if src in known:
+                v = onnx.ValueInfoProto()
+                v.CopyFrom(known[src])
+                v.name = o
+                m.graph.value_info.append(v)
+                known[o] = v
+
+
 def _ancestors_within(seg_nodes: list, targets: list[str]) -> set[str]:
     """Names of the segment's nodes needed to rebuild `targets`."""
     producer = {o: n for n in seg_nodes for o in n.output if o}
@@ -449,9 +550,13 @@ def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
 
     def write(checkpoints: tuple[str, ...]) -> RecomputePlan:
         plan = RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
-        # no recompute: the file stays exactly as ORT's artifact builder wrote it
-        onnx.save(apply(model, plan, renamed) if plan.recomputed else original, path)
-        return plan
+        if planner == "none":  # the file stays exactly as ORT's artifact builder wrote it
+            onnx.save(original, path)
+            return plan
+        rewritten = apply(model, plan, renamed)
+        weights = rematerialize_masked_weights(rewritten)
+        onnx.save(rewritten if plan.recomputed or weights else original, path)
+        return dataclasses.replace(plan, recomputed=plan.recomputed + weights)
 
     req = PlanRequest(budget_bytes=budget_bytes)
     if planner == "budget":

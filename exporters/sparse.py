@@ -126,6 +126,18 @@ def maskable(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
 
 
+def layer_nnz(model: nn.Module, density: float, allocation: str = "erk") -> dict[str, int]:
+    """Kept weights per maskable layer (name -> nnz; nnz == numel means the layer stays dense).
+    The exporter and host-side sparse training (exporters/dst.py) both count with this."""
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"unknown mask allocation {allocation!r}; choose one of "
+                         f"{sorted(ALLOCATIONS)}")
+    layers = maskable(model)
+    densities = ALLOCATIONS[allocation]({n: m.weight for n, m in layers.items()}, density)
+    return {n: max(1, min(m.weight.numel(), round(densities[n] * m.weight.numel())))
+            for n, m in layers.items()}
+
+
 def sparsify(model: nn.Module, density: float, allocation: str = "erk",
              init: str = "magnitude", seed: int = 0) -> tuple[nn.Module, tuple[MaskSpec, ...]]:
     """A copy of `model` whose Conv2d and Linear weights are masked to `density` overall."""
@@ -140,14 +152,13 @@ def sparsify(model: nn.Module, density: float, allocation: str = "erk",
     layers = maskable(model)
     if density == 1 or not layers:
         return model, ()
-    shapes = {n: tuple(m.weight.shape) for n, m in layers.items()}
-    densities = ALLOCATIONS[allocation]({n: m.weight for n, m in layers.items()}, density)
+    counts = layer_nnz(model, density, allocation)
     generator = torch.Generator().manual_seed(seed)
     specs = []
     for name, layer in layers.items():
-        numel = math.prod(shapes[name])
-        nnz = max(1, min(numel, round(densities[name] * numel)))
-        if nnz == numel:
+        shape = tuple(layer.weight.shape)
+        nnz = counts[name]
+        if nnz == math.prod(shape):
             continue  # stays dense
         positions = INITS[init](layer.weight, nnz, generator)
         cls = SparseConv2d if isinstance(layer, nn.Conv2d) else SparseLinear
@@ -155,6 +166,6 @@ def sparsify(model: nn.Module, density: float, allocation: str = "erk",
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, cls(layer, positions))
         prefix = f"{name}." if name else ""
-        specs.append(MaskSpec(f"{prefix}weight", shapes[name], nnz, f"{prefix}{VALUES_SUFFIX}",
+        specs.append(MaskSpec(f"{prefix}weight", shape, nnz, f"{prefix}{VALUES_SUFFIX}",
                               f"{prefix}{POSITIONS_SUFFIX}"))
     return model, tuple(specs)

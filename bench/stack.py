@@ -1,0 +1,374 @@
+"""The seed deck's optimisation stack, C1 -> C6, measured end to end (issue 6).
+
+    .venv/bin/python bench/stack.py                 # about 2.5 hours on 2 cores; resumable
+    .venv/bin/python bench/stack.py --only pretrain  # just the population models
+    .venv/bin/python bench/stack.py --report         # tables and plot from saved results
+
+C1 ResNet-50 -> C2 + dynamic sparse training -> C3 + gradient checkpointing -> C4 +
+micro-batching -> C5 MobileNetV1 (keeping C2-C4) -> C6 MobileNet on 32x32 patches. All three
+networks are the deck's tables at width 1.0, 7 classes. Every configuration takes optimizer
+steps of EFFECTIVE_BATCH windows: C1-C3 as one micro-batch, C4-C5 as EFFECTIVE_BATCH
+micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x32 patch
+(the pixels of EFFECTIVE_BATCH windows).
+
+Stages, each result saved under bench/results/stack/ as soon as it exists, so an interrupted
+run resumes where it stopped:
+  pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):
+               dense for C1, dense then DST epochs (exporters/dst.py) for C2-C6
+  export       one artifact per configuration (.cache/stack/<config>)
+  personalise  `edgetrain personalise --json` on each held-out user (8, 9, 10): accuracy on
+               the user's other-arm test windows, before and after
+  measure      `edgetrain measure --json`: peak bytes and breakdown from ORT's allocator, and
+               the step time, at the configuration's micro-batch x accumulation
+  fit          `edgetrain fit --device watch-app-low --json`: largest micro-batch under 64 MiB
+  peer         bench/torch_peer.py: the same network and step in plain PyTorch eager, in a
+               fresh process: peak RSS and step time
+Writes bench/results/stack.json, the tables in docs/results.md and docs/img/stack.png.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from predictor import ROOT, replace_table, save_results  # bench/predictor.py
+
+EFFECTIVE_BATCH = 16  # windows per optimizer step, every configuration
+HELD_OUT_USERS = (8, 9, 10)  # personalised and tested; never in the population
+PATCHES_PER_WINDOW = 49  # 224x224 image, 32x32 patches
+DENSITY = 0.1  # DST: kept fraction of Conv/Linear weights (ERK allocation)
+PROFILE = "watch-app-low"  # the watch-class profile of the scenario metrics (64 MiB)
+PERSONALISE = {"epochs": 2, "lr": 3e-4}
+MASK_UPDATES = {"mask_update": "rigl", "mask_every": 5, "drop_fraction": 0.1, "mask_end": 0.75}
+STATE = ROOT / "bench" / "results" / "stack"
+ARTIFACTS = ROOT / ".cache" / "stack"
+
+
+@dataclass(frozen=True)
+class NetRecipe:
+    """Population training of one network (exporters.pretrain.PretrainConfig fields)."""
+    model: str
+    epochs: int
+    batch: int
+    lr: float
+    dst_epochs: int
+
+
+RECIPES = {
+    "resnet50": NetRecipe("resnet50", epochs=4, batch=EFFECTIVE_BATCH, lr=1e-3, dst_epochs=2),
+    "mobilenet_v1": NetRecipe("mobilenet_v1", epochs=8, batch=EFFECTIVE_BATCH, lr=2e-3,
+                              dst_epochs=3),
+    "patch_mobilenet": NetRecipe("patch_mobilenet", epochs=8, batch=64, lr=3e-3, dst_epochs=3),
+}
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    name: str
+    network: str
+    sparse: bool
+    recompute: str  # exporters.recompute planner
+    micro_batch: int  # items (images, or patches for C6) per micro-batch
+    summary: str
+
+    @property
+    def items_per_window(self) -> int:
+        return PATCHES_PER_WINDOW if self.network == "patch_mobilenet" else 1
+
+    @property
+    def accumulation(self) -> int:
+        items = EFFECTIVE_BATCH * self.items_per_window
+        assert items % self.micro_batch == 0, (self.name, items, self.micro_batch)
+        return items // self.micro_batch
+
+    def key(self) -> str:
+        blob = json.dumps({"config": asdict(self), "recipe": asdict(RECIPES[self.network]),
+                           "density": DENSITY, "held_out": HELD_OUT_USERS}, sort_keys=True)
+        return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+STACK = [
+    StackConfig("C1", "resnet50", False, "none", EFFECTIVE_BATCH, "ResNet-50"),
+    StackConfig("C2", "resnet50", True, "none", EFFECTIVE_BATCH, "+ dynamic sparse training"),
+    StackConfig("C3", "resnet50", True, "sqrt", EFFECTIVE_BATCH, "+ gradient checkpointing"),
+    StackConfig("C4", "resnet50", True, "sqrt", 1, "+ micro-batching"),
+    StackConfig("C5", "mobilenet_v1", True, "sqrt", 1, "MobileNetV1 (with C2-C4)"),
+    StackConfig("C6", "patch_mobilenet", True, "sqrt", 1, "+ patching (32x32)"),
+]
+
+
+def pretrain_config(network: str, sparse: bool):
+    from exporters.dst import DstConfig
+    from exporters.pretrain import PretrainConfig
+
+    r = RECIPES[network]
+    dst = DstConfig(density=DENSITY, epochs=r.dst_epochs) if sparse else None
+    return PretrainConfig(model=network, width=1.0, holdout_user=HELD_OUT_USERS[-1],
+                          also_held_out=HELD_OUT_USERS[:-1], epochs=r.epochs, batch=r.batch,
+                          lr=r.lr, dst=dst)
+
+
+# ---- resumable results ---------------------------------------------------------------------
+def saved(name: str) -> dict | None:
+    path = STATE / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save(name: str, result: dict) -> dict:
+    STATE.mkdir(parents=True, exist_ok=True)
+    tmp = STATE / f"{name}.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(STATE / f"{name}.json")
+    return result
+
+
+def cli(*args: str, ok_codes: tuple[int, ...] = (0,)) -> dict:
+    p = subprocess.run([sys.executable, "-m", "edgetrain.cli", *args], capture_output=True,
+                       text=True, cwd=ROOT)
+    if p.returncode not in ok_codes:
+        raise SystemExit(f"edgetrain {' '.join(args)} failed (exit {p.returncode}):\n"
+                         f"{p.stderr[-3000:]}")
+    return json.loads(p.stdout)
+
+
+# ---- stages --------------------------------------------------------------------------------
+def stage_pretrain(network: str, sparse: bool) -> dict:
+    from exporters.pretrain import pretrain
+
+    _, summary = pretrain(pretrain_config(network, sparse), show_progress=True)
+    return {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
+
+
+def stage_export(c: StackConfig) -> dict:
+    import onnxruntime
+
+    from edgetrain.manifest import Plan
+    from exporters.pretrain import export_named
+
+    onnxruntime.set_default_logger_severity(3)
+    art = ARTIFACTS / c.key()
+    m = export_named(pretrain_config(c.network, c.sparse), art,
+                     Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
+                     lr=PERSONALISE["lr"], show_progress=False, recompute=c.recompute)
+    return {"artifact": str(art), "trainable_bytes": m.trainable_bytes,
+            "masks": len(m.masks), "kept_weights": sum(k.nnz for k in m.masks),
+            "masked_numel": sum(k.numel for k in m.masks),
+            "checkpoints": len(m.plan.checkpoints), "recomputed": len(m.plan.recomputed),
+            "predicted_peak_bytes": m.predicted["peak_bytes"]}
+
+
+def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
+    out = ARTIFACTS / "runs" / f"{c.key()}-user{user}"
+    args = ["personalise", art, "--user", str(user), "--budget", "64GiB", "--out", str(out),
+            "--epochs", str(PERSONALISE["epochs"]), "--json"]
+    if c.sparse:
+        args += ["--mask-update", MASK_UPDATES["mask_update"],
+                 "--mask-every", str(MASK_UPDATES["mask_every"]),
+                 "--drop-fraction", str(MASK_UPDATES["drop_fraction"]),
+                 "--mask-end", str(MASK_UPDATES["mask_end"])]
+    return cli(*args)
+
+
+def stage_measure(c: StackConfig, art: str) -> dict:
+    return cli("measure", art, "--batch", str(c.micro_batch), "--accumulate",
+               str(c.accumulation), "--steps", "3", "--json")
+
+
+def stage_fit(art: str) -> dict:
+    return cli("fit", art, "--device", PROFILE, "--json")
+
+
+def stage_peer(c: StackConfig) -> dict:
+    spec = {"network": c.network, "width": 1.0, "density": DENSITY if c.sparse else 1.0,
+            "recompute": c.recompute, "micro_batch": c.micro_batch,
+            "accumulation": c.accumulation, "patch": c.network == "patch_mobilenet",
+            "steps": 3}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "torch_peer.py"), json.dumps(spec)],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"torch peer {c.name} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout)
+
+
+def tasks(only: str | None):
+    """(name, function) in run order; names are the files under bench/results/stack/."""
+    nets = [("resnet50", False), ("resnet50", True), ("mobilenet_v1", True),
+            ("patch_mobilenet", True)]
+    for net, sparse in nets:
+        yield f"pretrain-{net}-{'dst' if sparse else 'dense'}", lambda n=net, s=sparse: \
+            stage_pretrain(n, s)
+    if only == "pretrain":
+        return
+    for c in STACK:
+        yield f"export-{c.key()}", lambda c=c: stage_export(c)
+    for c in STACK:
+        for u in HELD_OUT_USERS:
+            yield f"personalise-{c.key()}-user{u}", lambda c=c, u=u: \
+                stage_personalise(c, saved(f"export-{c.key()}")["artifact"], u)
+    # Timed stages last, together, so nothing else runs on the machine while they time.
+    for c in STACK:
+        yield f"measure-{c.key()}", lambda c=c: stage_measure(c, saved(f"export-{c.key()}")["artifact"])
+        yield f"peer-{c.key()}", lambda c=c: stage_peer(c)
+    for c in STACK:
+        yield f"fit-{c.key()}", lambda c=c: stage_fit(saved(f"export-{c.key()}")["artifact"])
+
+
+# ---- report --------------------------------------------------------------------------------
+def rows() -> list[dict]:
+    out = []
+    for c in STACK:
+        k = c.key()
+        ex, me, pe, fi = (saved(f"{s}-{k}") for s in ("export", "measure", "peer", "fit"))
+        per_user = {u: saved(f"personalise-{k}-user{u}") for u in HELD_OUT_USERS}
+        if None in (ex, me, pe, fi) or None in per_user.values():
+            raise SystemExit(f"results for {c.name} are incomplete; run bench/stack.py")
+        after = [per_user[u]["accuracy_after"] for u in HELD_OUT_USERS]
+        before = [per_user[u]["accuracy_before"] for u in HELD_OUT_USERS]
+        per_window = c.items_per_window
+        fit_batch = fi["max_batch"]
+        out.append({
+            "config": c.name, "network": c.network, "summary": c.summary, "sparse": c.sparse,
+            "density": DENSITY if c.sparse else 1.0, "recompute": c.recompute,
+            "micro_batch": c.micro_batch, "accumulation": c.accumulation,
+            "effective_batch_windows": EFFECTIVE_BATCH,
+            "peak_bytes": me["peak_bytes"], "breakdown": me["breakdown"],
+            "predicted_peak_bytes": me.get("predicted_peak_bytes"),
+            "process_peak_rss_bytes": me["process_peak_rss_bytes"],
+            "step_time_s": me["step_time_s"],
+            "throughput_windows_per_s": round(EFFECTIVE_BATCH / me["step_time_s"], 3),
+            "accuracy_before": before, "accuracy_after": after,
+            "accuracy_after_mean": round(statistics.mean(after), 4),
+            "accuracy_before_mean": round(statistics.mean(before), 4),
+            "inference_agreement": [per_user[u]["inference_agreement"] for u in HELD_OUT_USERS],
+            "optimizer_steps": per_user[HELD_OUT_USERS[0]]["optimizer_steps"],
+            "mask_updates": per_user[HELD_OUT_USERS[0]]["mask_updates"],
+            "personalise_time_s": [per_user[u]["train_time_s"] for u in HELD_OUT_USERS],
+            "fit_profile": PROFILE, "fit_max_micro_batch": fit_batch,
+            "fit_peak_bytes": fi["peak_bytes"],
+            "fit_throughput_windows_per_s": (round(fi["throughput_samples_per_s"] / per_window, 3)
+                                             if fi["throughput_samples_per_s"] else None),
+            "fit_error": fi["next_batch_error"] if fit_batch == 0 else None,
+            "torch_peak_rss_bytes": pe["peak_rss_bytes"],
+            "torch_rss_before_step_bytes": pe["rss_before_step_bytes"],
+            "torch_step_time_s": pe["step_time_s"], "torch_note": pe["note"],
+            "export": ex, "pretrain": saved(
+                f"pretrain-{c.network}-{'dst' if c.sparse else 'dense'}"),
+        })
+    return out
+
+
+def mb(n: int | None) -> str:
+    return "–" if n is None else f"{n / 1e6:,.1f}"
+
+
+def tables(rs: list[dict]) -> dict[str, list[str]]:
+    c1 = rs[0]
+    main = ["| config | network, technique | micro-batch × steps | measured peak (MB) | vs C1 "
+            "| accuracy after (mean of 3) | Δ vs C1 (points) | step time (s) "
+            "| throughput (windows/s) | PyTorch peak RSS (MB) | PyTorch step time (s) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        delta = 100 * (r["accuracy_after_mean"] - c1["accuracy_after_mean"])
+        main.append(
+            f"| {r['config']} | {r['network']}, {r['summary']} | {r['micro_batch']} × "
+            f"{r['accumulation']} | {mb(r['peak_bytes'])} | "
+            f"{c1['peak_bytes'] / r['peak_bytes']:,.1f}× | {r['accuracy_after_mean']:.3f} "
+            f"| {delta:+.1f} | {r['step_time_s']:.2f} | {r['throughput_windows_per_s']:.1f} "
+            f"| {mb(r['torch_peak_rss_bytes'])} | {r['torch_step_time_s']:.2f} |")
+    parts = ["| config | parameters | gradients | optimizer state | activations | other "
+             "| total (MB) | edgetrain process RSS (MB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        b = r["breakdown"]
+        parts.append(f"| {r['config']} | {mb(b['parameters'])} | {mb(b['gradients'])} "
+                     f"| {mb(b['optimizer_state'])} | {mb(b['activations'])} | {mb(b['other'])} "
+                     f"| {mb(r['peak_bytes'])} | {mb(r['process_peak_rss_bytes'])} |")
+    acc = ["| config | " + " | ".join(f"user {u} before → after" for u in HELD_OUT_USERS)
+           + " | optimizer steps | mask updates |", "|---|" + "---:|" * (len(HELD_OUT_USERS) + 2)]
+    for r in rs:
+        acc.append(f"| {r['config']} | " + " | ".join(
+            f"{b:.3f} → {a:.3f}" for b, a in zip(r["accuracy_before"], r["accuracy_after"]))
+            + f" | {r['optimizer_steps']} | {r['mask_updates']} |")
+    fit = [f"| config | largest micro-batch under {PROFILE} | measured peak there (MB) "
+           "| throughput there (windows/s) |", "|---|---:|---:|---:|"]
+    for r in rs:
+        tp = r["fit_throughput_windows_per_s"]
+        fit.append(f"| {r['config']} | {r['fit_max_micro_batch']} | {mb(r['fit_peak_bytes'])} "
+                   f"| {'–' if tp is None else f'{tp:.1f}'} |")
+    return {"stack-table": main, "stack-breakdown": parts, "stack-accuracy": acc,
+            "stack-fit": fit}
+
+
+def plot(rs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from device_sim.measure import CATEGORIES
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["config"] for r in rs]
+    bottom = [0.0] * len(rs)
+    for cat in CATEGORIES:
+        vals = [r["breakdown"][cat] / 1e6 for r in rs]
+        ax.bar(names, vals, bottom=bottom, label=cat.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(names, [r["torch_peak_rss_bytes"] / 1e6 for r in rs], "kD--",
+            label="PyTorch eager peak RSS")
+    ax.set_yscale("log")
+    ax.set_ylabel("MB (log scale)")
+    ax.set_title(f"Peak training memory, {EFFECTIVE_BATCH} windows per step (measured)")
+    ax.legend(fontsize=8)
+    for i, r in enumerate(rs):
+        ax.annotate(f"{rs[0]['peak_bytes'] / r['peak_bytes']:.0f}×", (i, r["peak_bytes"] / 1e6),
+                    ha="center", va="bottom", fontsize=8)
+    ax2.bar(names, [r["accuracy_after_mean"] for r in rs], color="tab:gray")
+    for i, r in enumerate(rs):
+        ax2.plot([i] * len(r["accuracy_after"]), r["accuracy_after"], "k.", alpha=0.6)
+    ax2.set_ylim(0, 1)
+    ax2.set_title(f"Accuracy on held-out users {', '.join(map(str, HELD_OUT_USERS))} "
+                  "after personalisation")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report() -> None:
+    rs = rows()
+    save_results("stack", rs)
+    for name, lines in tables(rs).items():
+        replace_table(ROOT / "docs" / "results.md", lines, name)
+    plot(rs, ROOT / "docs" / "img" / "stack.png")
+    c1, c4, c6 = rs[0], rs[3], rs[5]
+    print(f"C1 -> C6: {c1['peak_bytes'] / c6['peak_bytes']:.1f}x lower peak "
+          f"({c1['peak_bytes']:,} -> {c6['peak_bytes']:,} bytes); accuracy "
+          f"{c1['accuracy_after_mean']:.3f} -> {c6['accuracy_after_mean']:.3f}; memory "
+          f"techniques C1 -> C4 {c1['peak_bytes'] / c4['peak_bytes']:.1f}x, network change "
+          f"C4 -> C6 {c4['peak_bytes'] / c6['peak_bytes']:.1f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["pretrain"], help="stop after this stage")
+    ap.add_argument("--report", action="store_true", help="only rebuild tables and plot")
+    args = ap.parse_args()
+    if not args.report:
+        todo = [(n, f) for n, f in tasks(args.only) if saved(n) is None]
+        bar = tqdm(todo, desc="stack", unit="task")
+        for name, fn in bar:
+            bar.set_postfix_str(name)
+            save(name, fn())
+            tqdm.write(f"done: {name}")
+    if args.only is None:
+        report()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Host-side dynamic sparse training (exporters/dst.py) and the held-out population split."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgetrain import data
+from edgetrain.masks import UPDATERS
+from exporters.dst import DstConfig, TorchMasks
+from exporters.sparse import layer_nnz, sparsify
+
+
+def net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5))
+
+
+def train_steps(model: nn.Module, masks: TorchMasks, steps: int, method: str | None,
+                fraction: float = 0.3) -> torch.optim.Optimizer:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x, y = torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 5, (8,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        masks.apply(opt)
+        if method:
+            masks.update(method, fraction, rng, opt)
+    return opt
+
+
+def test_masks_keep_the_exporters_counts_and_start_at_the_largest_weights():
+    model = net()
+    masks = TorchMasks(model, 0.2, "erk")
+    counts = layer_nnz(model, 0.2, "erk")
+    assert masks.nnz() == {n: c for n, c in counts.items() if n in masks.layers}
+    for name, layer in masks.layers.items():
+        w = layer.weight.detach().abs().reshape(-1)
+        kept = masks.masks[name]
+        assert w[kept].min() >= w[~kept].max()
+
+
+@pytest.mark.parametrize("method", sorted(UPDATERS))
+def test_weights_and_moments_stay_zero_off_the_mask_through_updates(method):
+    model = net()
+    masks = TorchMasks(model, 0.2, "erk")
+    before = {n: m.clone() for n, m in masks.masks.items()}
+    opt = train_steps(model, masks, 5, method)
+    assert masks.nnz() == {n: int(m.sum()) for n, m in before.items()}  # density constant
+    assert any(not torch.equal(before[n], masks.masks[n]) for n in before)  # masks moved
+    for name, layer in masks.layers.items():
+        off = ~masks.masks[name].view_as(layer.weight)
+        assert torch.all(layer.weight[off] == 0)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.all(opt.state[layer.weight][key][off] == 0)
+
+
+def test_regrown_weights_start_at_zero_and_rigl_grows_at_the_largest_gradient():
+    model = net()
+    masks = TorchMasks(model, 0.2, "erk")
+    x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    name = next(iter(masks.layers))
+    layer = masks.layers[name]
+    old = masks.masks[name].clone()
+    grad = layer.weight.grad.reshape(-1).abs().clone()
+    masks.update("rigl", 0.5, np.random.default_rng(0))
+    grown = masks.masks[name] & ~old
+    assert grown.sum() > 0
+    assert torch.all(layer.weight.reshape(-1)[grown] == 0)
+    not_kept = ~masks.masks[name] & ~old
+    assert grad[grown].min() >= grad[not_kept].max()
+
+
+def test_update_before_backward_is_refused_for_rigl():
+    masks = TorchMasks(net(), 0.2, "erk")
+    with pytest.raises(ValueError, match="dense gradient"):
+        masks.update("rigl", 0.3, np.random.default_rng(0))
+
+
+def test_export_keeps_exactly_the_trained_weights():
+    """Magnitude init at export keeps every nonzero weight: the exported sparse layers compute
+    exactly what the masked model trained to (a kept weight that is exactly zero, e.g. after a
+    dead input channel, may trade places with another zero)."""
+    model = net()
+    masks = TorchMasks(model, 0.2, "erk")
+    train_steps(model, masks, 3, "set")
+    train_steps(model, masks, 1, None)
+    sparse, specs = sparsify(model, 0.2, "erk", "magnitude")
+    assert {s.weight.removesuffix(".weight") for s in specs} == set(masks.layers)
+    for s in specs:
+        name = s.weight.removesuffix(".weight")
+        assert s.nnz == int(masks.masks[name].sum())
+        assert torch.equal(sparse.get_submodule(name).dense(), masks.layers[name].weight)
+    x = torch.randn(4, 3, 8, 8)
+    assert torch.equal(sparse(x), model(x))
+
+
+def test_dst_config_schedule_checks_its_method():
+    assert DstConfig().schedule().method == "rigl"
+    with pytest.raises(ValueError, match="unknown mask updater"):
+        DstConfig(method="magic").schedule()
+
+
+def test_population_leaves_out_every_held_out_subject():
+    rng = np.random.default_rng(0)
+    recs = data.Recordings(x=[rng.standard_normal((400, 6)) for _ in range(6)],
+                           y=np.array([0, 1, 0, 1, 0, 1]), subject=np.array([1, 1, 2, 2, 3, 3]),
+                           side=np.array([0, 1, 0, 1, 0, 1]), classes=("a", "b"))
+    x, y = data.population_windows(recs, (2, 3))
+    assert len(x) == 2 * 3  # subject 1's two recordings, 3 windows each
+    with pytest.raises(data.DataError, match="user 7"):
+        data.population_windows(recs, (7,))
+
+
+def test_pretrain_cache_key_of_the_default_config_is_unchanged():
+    """New config fields are left out of the key when unused: caches stay valid."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from exporters.pretrain import CACHE_VERSION, PretrainConfig, _key
+
+    cfg = PretrainConfig()
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("also_held_out", "dst")}
+    blob = json.dumps({"v": CACHE_VERSION, **old}, sort_keys=True).encode()
+    assert _key(cfg) == hashlib.sha256(blob).hexdigest()[:16]
+    assert _key(dataclasses.replace(cfg, dst=DstConfig())) != _key(cfg)
+    assert _key(dataclasses.replace(cfg, also_held_out=(8,))) != _key(cfg)

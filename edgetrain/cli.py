@@ -17,9 +17,11 @@ from device_sim.profiles import PROFILES, get_profile
 from edgetrain.data import DataError
 from edgetrain.manifest import ArtifactError
 from edgetrain.masks import UPDATERS
+from edgetrain.runtime import CheckpointWriteError
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
+EXIT_DISK = 4  # a checkpoint could not be written (disk full, I/O error)
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
@@ -88,7 +90,9 @@ def _exit_on_device_errors():
         yield
     except BudgetError as e:
         _fail(str(e), EXIT_BUDGET)
-    except (ArtifactError, ValueError) as e:  # DataError is a ValueError
+    except CheckpointWriteError as e:
+        _fail(str(e), EXIT_DISK)
+    except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors
         _fail(str(e), EXIT_BAD_INPUT)
 
 
@@ -199,10 +203,14 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, epochs
               help="Fraction of kept weights replaced at the first update (cosine decay).")
 @click.option("--mask-end", type=float, default=0.75, show_default=True,
               help="No mask updates after this fraction of the steps.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Optimizer steps between resume points (0: only at epoch ends).")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --out from its newest intact resume point.")
 @click.option("--json", "as_json", is_flag=True)
 def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
-                mask_end, as_json):
+                mask_end, checkpoint_every, resume, as_json):
     """Train an artifact on one user's data inside a device's memory budget."""
     from edgetrain.masks import MaskSchedule
     from edgetrain.personalise import TrainConfig
@@ -215,14 +223,17 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
         cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
-                          accumulation_steps=accumulate, seed=seed, masks=masks)
+                          accumulation_steps=accumulate, seed=seed, masks=masks,
+                          checkpoint_every=checkpoint_every)
         with _progress(not as_json) as progress:
             r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
-                    threads=threads)
+                    threads=threads, resume=resume)
     if as_json:
         click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
         return
     click.echo(f"device: {device or 'custom'}  budget: {_mib(budget_bytes)}")
+    if r.resumed_from_step is not None:
+        click.echo(f"resumed from the resume point after step {r.resumed_from_step}")
     click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
                f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
     if r.accuracy_before is not None:

@@ -4,9 +4,10 @@ The cycle (the same one `measure` replays, so its peak is the peak of this): ope
 under the cap -> preflight at the micro-batch shape -> evaluate before -> epochs of
 micro-batches, `accumulation_steps` of them summed per optimizer step and scaled by 1/k so
 the update uses their mean gradient -> (sparse artifacts with a mask schedule: a mask update
-after every N optimizer steps, edgetrain/masks.py) -> checkpoint after every epoch (atomic) ->
-evaluate after -> export an inference model and check it predicts what the runtime's eval
-predicts.
+after every N optimizer steps, edgetrain/masks.py) -> a resume point every
+`checkpoint_every` steps and at every epoch end (edgetrain/resume.py: atomic, so a kill at any
+moment loses at most the steps since the last one) -> the final checkpoint -> evaluate after
+-> export an inference model and check it predicts what the runtime's eval predicts.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from device_sim.faults import fault_point
+from edgetrain import resume as resume_points
 from edgetrain.feed import Feed
 from edgetrain.manifest import atomic_write_bytes
 from edgetrain.masks import UPDATERS, MaskSchedule
@@ -33,6 +36,11 @@ class TrainConfig:
     accumulation_steps: int | None = None
     seed: int = 0
     masks: MaskSchedule | None = None  # dynamic sparse training (needs a sparse artifact)
+    checkpoint_every: int = 100  # optimizer steps between resume points (0: epoch ends only)
+
+    def fingerprint(self) -> dict:
+        """What a resumed run must share with the run it continues."""
+        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
 
     def __post_init__(self):
         if self.epochs < 0:
@@ -41,6 +49,8 @@ class TrainConfig:
             raise ValueError(f"micro-batch must be positive, got {self.micro_batch}")
         if self.accumulation_steps is not None and self.accumulation_steps <= 0:
             raise ValueError(f"accumulation steps must be positive, got {self.accumulation_steps}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint interval must be >= 0 steps, got {self.checkpoint_every}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"learning rate must be positive, got {self.lr}")
 
@@ -62,6 +72,7 @@ class PersonaliseResult:
     mask_method: str | None = None
     mask_updates: int = 0
     regrown_weights: int = 0  # summed over all updates and layers
+    resumed_from_step: int | None = None  # the resume point this process started from
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,13 +93,36 @@ def evaluate(logits_fn, feed: Feed, batch: int) -> np.ndarray:
 def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
                 test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
                 budget_bytes: int | None, config: TrainConfig = TrainConfig(),
-                progress=None, threads: int | None = None) -> PersonaliseResult:
+                progress=None, threads: int | None = None, resume: bool = False
+                ) -> PersonaliseResult:
     """Train `artifact` on `train` = (x, y) in a runtime capped at `budget_bytes`.
 
     x and y must already be checked against the manifest (edgetrain.data.check_xy).
-    Writes out/checkpoint, out/inference.onnx and out/result.json.
+    Writes a resume point every `config.checkpoint_every` optimizer steps and at the end of
+    every epoch (edgetrain/resume.py), and out/checkpoint, out/inference.onnx and
+    out/result.json at the end. resume: continue from the newest intact resume point in
+    `out`; the run then ends with the weights an uninterrupted run ends with.
     """
     out = Path(out)
+    fingerprint = resume_points.run_fingerprint(config.fingerprint(), *train)
+    point = None
+    if resume and resume_points.has_progress(out):  # else there is nothing yet: start fresh
+        point, point_ckpt, _skipped = resume_points.latest(out)
+        if point.artifact_manifest_sha256 != resume_points.artifact_sha256(artifact):
+            raise resume_points.ResumeError(
+                f"{out} was trained from another artifact (manifest sha256 "
+                f"{point.artifact_manifest_sha256[:16]}…, {artifact} has "
+                f"{resume_points.artifact_sha256(artifact)[:16]}…); resume with the artifact "
+                "that started the run, or start a new run in another --out folder")
+        if point.run_sha256 != fingerprint:
+            raise resume_points.ResumeError(
+                f"{out} was started with other settings or other data; resume with the same "
+                "user data and options (epochs, micro-batch, accumulation, seed, learning rate, "
+                "mask schedule), or start a new run in another --out folder")
+    elif resume_points.has_progress(out):
+        raise resume_points.ResumeError(
+            f"{out} already holds the progress of a personalisation run; pass --resume to "
+            "continue it, or choose another --out folder (nothing was changed)")
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch
@@ -100,13 +134,19 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     if schedule is not None and not m.masks:
         raise ValueError(f"mask updates ({schedule.method}) need a sparse artifact; {artifact} "
                          "is dense: export it with --density below 1")
+    if point is not None:
+        rt.load_checkpoint(point_ckpt)
     # A budget too small fails here, before anything is read or written.
     rt.preflight(mask_gradients=schedule is not None and UPDATERS[schedule.method].needs_dense_grad)
     out.mkdir(parents=True, exist_ok=True)
+    resume_points.clean_temporaries(out)
 
     feed = Feed(*train, m)
     test_feed = Feed(*test, m) if test is not None else None
-    before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
+    if point is not None:
+        before = point.accuracy_before
+    else:
+        before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
 
     rng = np.random.default_rng(config.seed)
     per_step = b * k
@@ -115,19 +155,37 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         raise ValueError(f"the data gives {len(feed)} training items, fewer than one optimizer "
                          f"step needs (micro-batch {b} x {k} accumulation steps); use a smaller "
                          "--micro-batch or --accumulate, or supply more samples")
-    ckpt = out / "checkpoint"
     total = config.epochs * steps_per_epoch
-    steps = mask_updates = regrown = 0
+    steps = mask_updates = regrown = start_epoch = start_step = 0
     mask_rng = np.random.default_rng([config.seed, 1])
+    if point is not None:
+        steps, mask_updates, regrown = point.steps, point.mask_updates, point.regrown_weights
+        start_epoch, start_step = point.epoch, point.step_in_epoch
+        rng.bit_generator.state = point.epoch_rng_state
+        mask_rng.bit_generator.state = point.mask_rng_state
+    artifact_sha = resume_points.artifact_sha256(artifact)
+
+    def commit(epoch: int, done_in_epoch: int, epoch_rng_state: dict) -> None:
+        if done_in_epoch == steps_per_epoch:  # the next step starts the next epoch
+            epoch, done_in_epoch, epoch_rng_state = epoch + 1, 0, rng.bit_generator.state
+        resume_points.commit(out, rt.save_checkpoint, {
+            "artifact_manifest_sha256": artifact_sha, "run_sha256": fingerprint,
+            "steps": steps, "total_steps": total, "epoch": epoch,
+            "step_in_epoch": done_in_epoch, "epoch_rng_state": epoch_rng_state,
+            "mask_rng_state": mask_rng.bit_generator.state, "mask_updates": mask_updates,
+            "regrown_weights": regrown, "accuracy_before": before})
+
     t0 = time.perf_counter()
-    for _epoch in range(config.epochs):
+    for epoch in range(start_epoch, config.epochs):
+        epoch_rng_state = rng.bit_generator.state
         order = rng.permutation(len(feed))[:steps_per_epoch * per_step]
-        for s in range(steps_per_epoch):
+        for s in range(start_step if epoch == start_epoch else 0, steps_per_epoch):
             for j in range(k):
                 idx = order[(s * k + j) * b:(s * k + j + 1) * b]
                 rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
             rt.optimizer_step(grad_scale=1.0 / k)
             steps += 1
+            fault_point("step")
             fraction = schedule.fraction_at(steps, total) if schedule else 0.0
             if fraction > 0:  # RigL scores by the gradient on this step's micro-batches
                 idx = [order[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k)]
@@ -135,12 +193,13 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                            if UPDATERS[schedule.method].needs_dense_grad else [])
                 regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)
                 mask_updates += 1
+            if s + 1 == steps_per_epoch or (config.checkpoint_every
+                                            and steps % config.checkpoint_every == 0):
+                commit(epoch, s + 1, epoch_rng_state)
             if progress:
                 progress(steps, total)
-        rt.save_checkpoint(ckpt)
     train_time = time.perf_counter() - t0
-    if config.epochs == 0:
-        rt.save_checkpoint(ckpt)
+    ckpt = rt.save_checkpoint(out / "checkpoint")
 
     after = agreement = None
     infer_path = rt.export_inference(out / "inference.onnx")
@@ -155,6 +214,6 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         inference_agreement=agreement, checkpoint=str(ckpt), inference_model=str(infer_path),
         train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None,
         mask_method=schedule.method if schedule else None, mask_updates=mask_updates,
-        regrown_weights=regrown)
+        regrown_weights=regrown, resumed_from_step=point.steps if point else None)
     atomic_write_bytes(out / "result.json", json.dumps(result.to_dict(), indent=2).encode())
     return result

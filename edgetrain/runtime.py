@@ -8,13 +8,16 @@ export_inference. Runs in a process without torch (see ort_device.py).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from device_sim.cap import BudgetError, BudgetSplit, arena_rounded, budget_error_from, install_arena
+from device_sim.faults import fault_point
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.masks import UPDATERS, update_layer
 from edgetrain.ort_device import onnxruntime, training_api
@@ -53,6 +56,8 @@ class DeviceRuntime:
             so.intra_op_num_threads = threads
         self._so = so
         self._files = {role: str(self.folder / e.path) for role, e in m.files.items()}
+        # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
+        self._min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         self._load(self._files["checkpoint"], on_phase)
         self.optimizer.set_learning_rate(float(m.optimizer["lr"]))
         self.micro_batch = m.plan.micro_batch
@@ -76,6 +81,22 @@ class DeviceRuntime:
             self.optimizer = api.Optimizer(files["optimizer_model"], self.module)
         except RuntimeError as e:
             raise self._translate(e, "loading the artifact") from e
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Continue from a checkpoint this artifact's runtime saved (a resume point). Refuses a
+        checkpoint of another artifact or an unreadable one; the learning rate carries on."""
+        lr = self.optimizer.get_learning_rate()
+        try:
+            self._load(str(path))
+        except ArtifactError:
+            self._load(self._files["checkpoint"])  # leave the runtime usable
+            raise
+        except RuntimeError as e:
+            self._load(self._files["checkpoint"])
+            raise ArtifactError(f"checkpoint {path} is unreadable ({str(e).splitlines()[0]}); "
+                                "resume from an earlier point or start again") from e
+        self.optimizer.set_learning_rate(lr)
+        _trim_heap()
 
     # ---- checks ------------------------------------------------------------------------------
     def _check_state(self) -> None:
@@ -295,8 +316,17 @@ class DeviceRuntime:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            training_api().CheckpointState.save_checkpoint(self.state, str(tmp),
-                                                        include_optimizer_state=True)
+            try:
+                training_api().CheckpointState.save_checkpoint(self.state, str(tmp),
+                                                            include_optimizer_state=True)
+                written = tmp.stat().st_size if tmp.exists() else 0
+                if written < self._min_checkpoint_bytes:
+                    raise OSError(errno.ENOSPC, f"only {written} of at least "
+                                  f"{self._min_checkpoint_bytes} bytes reached the disk")
+            except (OSError, RuntimeError) as e:
+                raise CheckpointWriteError(path, e) from e
+            fault_point("checkpoint-tmp-written")
+            fault_point("checkpoint-torn", tmp)
             _fsync_replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -314,6 +344,28 @@ class DeviceRuntime:
             tmp.unlink(missing_ok=True)
             raise
         return path
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written whole (disk full, file too large, I/O error)."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        free = _free_bytes(path.parent)
+        why = str(cause).splitlines()[0]
+        if "error:" in why:  # ORT's message ends "... error:No space left on device errno:28"
+            why = why.rsplit("error:", 1)[1].strip()
+        super().__init__(
+            f"could not write checkpoint {path}: {why}"
+            + (f" ({free:,} bytes free on that disk)" if free is not None else "")
+            + ". Nothing already saved was changed: the previous checkpoint and resume point "
+            "are intact. Free space on the disk, then run again with --resume.")
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def run_padded(fn, x: np.ndarray, batch: int, num_classes: int) -> np.ndarray:
@@ -352,4 +404,4 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["DeviceRuntime", "BudgetError", "state_bytes_of"]
+__all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "state_bytes_of"]

@@ -1,0 +1,166 @@
+"""Resume points: a personalisation's checkpoint and its position, safe against power loss.
+
+A resume point is two files in the run folder's `resume/` directory:
+  ckpt-<steps>        ORT checkpoint: parameters, AdamW moments and step count, mask positions
+  state-<steps>.json  ResumeState below: the step counters, where in the data the run is, both
+                      random generators' states, and the checkpoint's size and sha256
+Each is written to a temporary file, flushed to disk, then renamed (a rename is atomic), the
+checkpoint first. A state file therefore only ever names a checkpoint that is complete, and
+its hash proves it. A crash at any moment leaves the previous resume point whole: `latest`
+takes the newest state whose checkpoint checks out, skipping anything torn. The two newest
+points are kept; older ones are deleted once a newer one is committed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device_sim.faults import fault_point
+from edgetrain.manifest import MANIFEST_NAME, sha256_file
+
+RESUME_DIR = "resume"
+SCHEMA = 1
+KEEP = 2  # resume points kept on disk
+_STATE = re.compile(r"^state-(\d{8})\.json$")
+
+
+class ResumeError(ValueError):
+    """A run folder cannot be resumed (none, another artifact or data, unreadable)."""
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    schema: int
+    artifact_manifest_sha256: str  # which artifact trained this checkpoint
+    run_sha256: str  # the training config and the user's data, hashed (run_fingerprint)
+    steps: int  # optimizer steps done
+    total_steps: int
+    epoch: int  # the epoch the next step belongs to
+    step_in_epoch: int  # steps of that epoch already done
+    epoch_rng_state: dict  # data-order generator at the start of `epoch` (draws its order)
+    mask_rng_state: dict  # mask-update generator now
+    mask_updates: int
+    regrown_weights: int
+    accuracy_before: float | None  # measured when the run started
+    checkpoint: str  # file name in resume/
+    checkpoint_bytes: int
+    checkpoint_sha256: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def artifact_sha256(artifact: str | os.PathLike) -> str:
+    return sha256_file(Path(artifact) / MANIFEST_NAME)
+
+
+def run_fingerprint(config: dict, x: np.ndarray, y: np.ndarray) -> str:
+    """Hash of what determines a run besides the artifact: config and data, byte for byte."""
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for a in (np.ascontiguousarray(x), np.ascontiguousarray(y)):
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        fault_point("state-tmp-written")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def has_progress(run: str | os.PathLike) -> bool:
+    d = Path(run) / RESUME_DIR
+    return d.is_dir() and any(_STATE.match(p.name) for p in d.iterdir())
+
+
+def commit(run: str | os.PathLike, save_checkpoint, state: dict) -> ResumeState:
+    """Write a resume point: save_checkpoint(path) writes the checkpoint atomically, then the
+    state naming it (with its size and hash) is written atomically; old points are pruned."""
+    d = Path(run) / RESUME_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    name = f"ckpt-{state['steps']:08d}"
+    ckpt = Path(save_checkpoint(d / name))
+    fault_point("checkpoint-renamed")
+    rs = ResumeState(schema=SCHEMA, checkpoint=name, checkpoint_bytes=ckpt.stat().st_size,
+                     checkpoint_sha256=sha256_file(ckpt), **state)
+    _fsync_write(d / f"state-{rs.steps:08d}.json", json.dumps(rs.to_dict(), indent=1).encode())
+    fault_point("state-committed")
+    _prune(d)
+    return rs
+
+
+def _prune(d: Path) -> None:
+    steps = sorted((int(m.group(1)) for p in d.iterdir() if (m := _STATE.match(p.name))),
+                   reverse=True)
+    for s in steps[KEEP:]:
+        (d / f"state-{s:08d}.json").unlink(missing_ok=True)  # the state first: never a
+        (d / f"ckpt-{s:08d}").unlink(missing_ok=True)  # state without its checkpoint
+    for p in d.iterdir():  # checkpoints no state names (a crash between the two writes)
+        if p.name.startswith("ckpt-") and not (d / f"state-{p.name[5:]}.json").exists():
+            p.unlink(missing_ok=True)
+
+
+def clean_temporaries(run: str | os.PathLike) -> list[str]:
+    """Delete half-written temporary files a killed run left behind; returns their names."""
+    d = Path(run) / RESUME_DIR
+    if not d.is_dir():
+        return []
+    gone = [p.name for p in d.iterdir() if ".tmp-" in p.name]
+    for name in gone:
+        (d / name).unlink(missing_ok=True)
+    return gone
+
+
+def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
+    """The newest intact resume point: (state, checkpoint path, reasons others were skipped)."""
+    d = Path(run) / RESUME_DIR
+    if not d.is_dir():
+        raise ResumeError(f"{run} has no resume points ({d} does not exist); start the run "
+                          "without --resume")
+    skipped = []
+    names = sorted((p.name for p in d.iterdir() if _STATE.match(p.name)), reverse=True)
+    for name in names:
+        try:
+            rs = ResumeState(**json.loads((d / name).read_text()))
+        except (ValueError, TypeError) as e:
+            skipped.append(f"{name}: unreadable ({e})")
+            continue
+        ckpt = d / rs.checkpoint
+        if rs.schema != SCHEMA:
+            skipped.append(f"{name}: schema {rs.schema}, this runtime reads {SCHEMA}")
+        elif not ckpt.is_file():
+            skipped.append(f"{name}: its checkpoint {rs.checkpoint} is missing")
+        elif ckpt.stat().st_size != rs.checkpoint_bytes:
+            skipped.append(f"{name}: {rs.checkpoint} is {ckpt.stat().st_size} bytes, "
+                           f"expected {rs.checkpoint_bytes}")
+        elif sha256_file(ckpt) != rs.checkpoint_sha256:
+            skipped.append(f"{name}: {rs.checkpoint} does not match its sha256")
+        else:
+            return rs, ckpt, skipped
+    raise ResumeError(f"no intact resume point in {d} ({'; '.join(skipped) or 'none written'}); "
+                      "start the run again without --resume")

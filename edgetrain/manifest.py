@@ -259,6 +259,26 @@ def verify_files(folder: Path, m: Manifest) -> None:
         if digest != entry.sha256:
             raise ArtifactError(f"{role} file {p} has sha256 {digest[:16]}…, the manifest says "
                                 f"{entry.sha256[:16]}…: the file was modified; copy the artifact again")
+        if entry.path.endswith(".onnx"):
+            _refuse_external_data(role, p)
+
+
+def _refuse_external_data(role: str, path: Path) -> None:
+    """A graph may not pull bytes from files the manifest does not cover (edgetrain/onnxscan.py)."""
+    from edgetrain.onnxscan import MalformedOnnx, external_data
+
+    try:
+        refs = external_data(path.read_bytes())
+    except MalformedOnnx as e:
+        raise ArtifactError(f"{role} file {path} is not a readable ONNX model ({e}); "
+                            "re-export the artifact") from e
+    if refs:
+        name, location = refs[0]
+        raise ArtifactError(
+            f"{role} file {path} keeps tensor {name!r} in an external file {location!r} "
+            f"({len(refs)} external tensor(s)); edgetrain artifacts carry no external data, and "
+            "a path outside the artifact folder would let the graph read any file. The "
+            "artifact is refused; re-export it with edgetrain")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -101,10 +101,13 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     Writes a resume point every `config.checkpoint_every` optimizer steps and at the end of
     every epoch (edgetrain/resume.py), and out/checkpoint, out/inference.onnx and
     out/result.json at the end. resume: continue from the newest intact resume point in
-    `out`; the run then ends with the weights an uninterrupted run ends with.
+    `out` (start afresh if it has none yet); the run then ends with the weights an
+    uninterrupted run ends with.
     """
     out = Path(out)
     fingerprint = resume_points.run_fingerprint(config.fingerprint(), *train)
+    rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
+    # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
     point = None
     if resume and resume_points.has_progress(out):  # else there is nothing yet: start fresh
         point, point_ckpt, _skipped = resume_points.latest(out)
@@ -123,7 +126,6 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         raise resume_points.ResumeError(
             f"{out} already holds the progress of a personalisation run; pass --resume to "
             "continue it, or choose another --out folder (nothing was changed)")
-    rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch
     k = config.accumulation_steps or m.plan.accumulation_steps

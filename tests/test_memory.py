@@ -58,7 +58,8 @@ def test_budget_at_peak_trains_and_64k_below_fails(tiny_artifact, measured, tmp_
     # what the run wrote survives a later run that fails on its budget
     before = (tmp_path / "ok" / "checkpoint").read_bytes()
     bad = cli("personalise", tiny_artifact, "--data", tmp_path / "d.npz",
-              "--budget", peak - 64 * 1024, "--epochs", "1", "--out", tmp_path / "ok")
+              "--budget", peak - 64 * 1024, "--epochs", "1", "--out", tmp_path / "ok",
+              "--resume")
     assert bad.returncode == 3
     assert "needs more memory than the budget" in bad.stderr
     assert "Try a smaller --micro-batch" in bad.stderr

@@ -1,0 +1,98 @@
+"""Find external-data references in an ONNX file without the onnx package (not on the device).
+
+An ONNX tensor may keep its bytes in another file (`data_location` EXTERNAL, with a
+`location` path in `external_data`). ONNX Runtime then opens that path relative to the model,
+and `../` walks out of the artifact folder: a hostile artifact could make the runtime read any
+file, which the manifest's hashes do not cover. edgetrain artifacts never use external data,
+so the loader refuses any graph that references some.
+
+This walks the protobuf wire format along the fields that can hold a tensor (field numbers
+from onnx.proto3): ModelProto.graph and functions, GraphProto initializers, sparse
+initializers and nodes, NodeProto attributes, AttributeProto tensors and subgraphs.
+Everything else is skipped by its length, so a graph of many MB scans in milliseconds.
+"""
+from __future__ import annotations
+
+# (message, field number) -> message type of that field, for the fields that lead to tensors
+_CHILDREN = {
+    ("model", 7): "graph", ("model", 25): "function",
+    ("function", 7): "node",
+    ("graph", 1): "node", ("graph", 5): "tensor", ("graph", 15): "sparse",
+    ("node", 5): "attribute",
+    ("attribute", 5): "tensor", ("attribute", 6): "graph", ("attribute", 10): "tensor",
+    ("attribute", 11): "graph", ("attribute", 22): "sparse", ("attribute", 23): "sparse",
+    ("sparse", 1): "tensor", ("sparse", 2): "tensor",
+    ("tensor", 13): "entry",
+}
+_TENSOR_EXTERNAL, _TENSOR_DATA_LOCATION, _TENSOR_NAME = 13, 14, 8
+_MAX_DEPTH = 64
+
+
+class MalformedOnnx(ValueError):
+    pass
+
+
+def _varint(buf: memoryview, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise MalformedOnnx("truncated varint")
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: memoryview):
+    """(field number, wire type, value) of one message; value is a memoryview for wire type 2."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = None, i + 8
+        elif wire == 5:
+            value, i = None, i + 4
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            if i + n > len(buf):
+                raise MalformedOnnx("a field runs past the end of its message")
+            value, i = buf[i:i + n], i + n
+        else:
+            raise MalformedOnnx(f"unsupported wire type {wire}")
+        yield field, wire, value
+
+
+def external_data(data: bytes) -> list[tuple[str, str]]:
+    """(tensor name, location) of every tensor stored outside the file ('' if unnamed)."""
+    found: list[tuple[str, str]] = []
+
+    def walk(buf: memoryview, kind: str, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            raise MalformedOnnx("graphs nested too deep")
+        name, location, external = "", "", False
+        for field, wire, value in _fields(buf):
+            if kind == "tensor":
+                if field == _TENSOR_NAME and wire == 2:
+                    name = bytes(value).decode(errors="replace")
+                elif field == _TENSOR_DATA_LOCATION and wire == 0:
+                    external |= value == 1
+                elif field == _TENSOR_EXTERNAL and wire == 2:
+                    external = True
+                    entry = {f: bytes(v).decode(errors="replace")
+                             for f, w, v in _fields(value) if w == 2}
+                    if entry.get(1) == "location":
+                        location = entry.get(2, "")
+                continue
+            child = _CHILDREN.get((kind, field))
+            if child is not None and wire == 2:
+                walk(value, child, depth + 1)
+        if kind == "tensor" and external:
+            found.append((name, location))
+
+    walk(memoryview(data), "model", 0)
+    return found

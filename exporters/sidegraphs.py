@@ -32,6 +32,38 @@ def dense_grad_name(mask: MaskSpec) -> str:
     return f"{mask.weight}_grad"
 
 
+def _ancestors(targets: list[str], nodes: list) -> list:
+    """The nodes that compute `targets`, in an order where producers come first. The graph's
+    own list need not be ordered (recompute copies are appended at its end)."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    kept, stack = set(), list(targets)
+    while stack:
+        k = producer.get(stack.pop())
+        if k is None or k in kept:
+            continue
+        kept.add(k)
+        stack.extend(i for i in nodes[k].input if i)
+    order, done = [], set()
+
+    def visit(k: int) -> None:  # depth-first post-order: inputs' producers first
+        stack = [(k, False)]
+        while stack:
+            j, expanded = stack.pop()
+            if j in done:
+                continue
+            if expanded:
+                done.add(j)
+                order.append(nodes[j])
+                continue
+            stack.append((j, True))
+            stack.extend((producer[i], False) for i in nodes[j].input
+                         if i in producer and producer[i] in kept and producer[i] not in done)
+
+    for k in sorted(kept):
+        visit(k)
+    return order
+
+
 def write_mask_grad_model(training_path: Path, masks: tuple[MaskSpec, ...], out: Path) -> None:
     """Cut the training graph at `training_path` down to the dense gradients of `masks`."""
     model = onnx.load(str(training_path))
@@ -46,12 +78,8 @@ def write_mask_grad_model(training_path: Path, masks: tuple[MaskSpec, ...], out:
         dense = grad_of_values.input[0]  # [numel]: gradient of the flattened dense weight
         outputs.append(onnx.helper.make_node("Identity", [dense], [dense_grad_name(mask)],
                                              name=f"{mask.weight}/dense_grad"))
-    keep, needed = [], {o.input[0] for o in outputs}
-    for node in reversed(list(g.node)):  # nodes are in topological order
-        if any(o in needed for o in node.output):
-            keep.append(node)
-            needed.update(i for i in node.input if i)
-    keep.reverse()
+    keep = _ancestors([o.input[0] for o in outputs], list(g.node))
+    needed = {i for n in keep for i in n.input if i} | {o.input[0] for o in outputs}
     inits = [i for i in g.initializer if i.name in needed]
     inputs = [i for i in g.input if i.name in needed]
     value_info = [v for v in g.value_info if v.name in needed]

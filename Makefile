@@ -24,6 +24,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(ET) devices
 	$(ET) export --model patch_mobilenet --holdout-user $(USER_ID) --out artifacts/pm
+	rm -rf runs/u$(USER_ID)  # the demo starts a fresh run (personalise never overwrites one)
 	$(ET) personalise artifacts/pm --user $(USER_ID) --device $(DEVICE) --micro-batch $(BATCH) --out runs/u$(USER_ID)
 	$(ET) measure artifacts/pm --batch $(BATCH) --device $(DEVICE)
 

@@ -1,0 +1,66 @@
+"""bench/stack.py and bench/torch_peer.py: the configurations are the deck's stack, the
+effective batch is the same everywhere, and the PyTorch peer runs the same network."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import stack  # noqa: E402
+import torch_peer  # noqa: E402
+
+
+def test_every_configuration_steps_on_the_same_number_of_windows():
+    for c in stack.STACK:
+        items = c.micro_batch * c.accumulation
+        assert items == stack.EFFECTIVE_BATCH * c.items_per_window, c.name
+
+
+def test_the_stack_adds_one_technique_at_a_time():
+    c = {x.name: x for x in stack.STACK}
+    assert [x.name for x in stack.STACK] == ["C1", "C2", "C3", "C4", "C5", "C6"]
+    assert {c[k].network for k in ("C1", "C2", "C3", "C4")} == {"resnet50"}
+    assert (c["C5"].network, c["C6"].network) == ("mobilenet_v1", "patch_mobilenet")
+    assert not c["C1"].sparse and all(c[k].sparse for k in ("C2", "C3", "C4", "C5", "C6"))
+    assert c["C2"].recompute == "none" and all(c[k].recompute == "sqrt"
+                                               for k in ("C3", "C4", "C5", "C6"))
+    assert c["C3"].micro_batch == stack.EFFECTIVE_BATCH
+    assert all(c[k].micro_batch == 1 for k in ("C4", "C5", "C6"))
+    assert len({x.key() for x in stack.STACK}) == 6
+
+
+def row(peak: int, acc: float) -> dict:
+    return {"peak_bytes": peak, "accuracy_after_mean": acc, "step_time_s": 1.0,
+            "torch_step_time_s": 1.0}
+
+
+@pytest.mark.parametrize("c6_peak, c6_acc, verdict", [
+    (10, 0.96, "meets the seed's bar"),  # 100x for 2 points
+    (10, 0.94, "misses the seed's bar"),  # 100x for 4 points
+    (20, 0.98, "misses the seed's bar"),  # 50x
+])
+def test_headline_applies_the_seed_bar(c6_peak, c6_acc, verdict):
+    rows = [row(1000, 0.98), row(900, 0.97), row(500, 0.97), row(100, 0.97), row(50, 0.96),
+            row(c6_peak, c6_acc)]
+    text = "\n".join(stack.headline(rows))
+    assert verdict in text
+    assert f"{1000 / c6_peak:,.0f}×" in text
+
+
+@pytest.mark.parametrize("network", ["resnet50", "mobilenet_v1", "patch_mobilenet"])
+def test_torch_peer_blocks_compute_the_network(network):
+    """checkpoint_sequential runs the flattened blocks: they must be the whole network."""
+    from exporters.networks import build_network
+
+    torch.manual_seed(0)
+    model, _ = build_network(network, 7, 0.125)
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    seq = torch_peer.blocks(model, network)
+    torch.testing.assert_close(seq(x), model(x))
+    out = torch.utils.checkpoint.checkpoint_sequential(seq, 3, x, use_reentrant=False)
+    torch.testing.assert_close(out, model(x))

@@ -17,7 +17,8 @@ run resumes where it stopped:
                dense for C1, dense then DST epochs (exporters/dst.py) for C2-C6
   export       one artifact per configuration (.cache/stack/<config>)
   personalise  `edgetrain personalise --json` on each held-out user (8, 9, 10): accuracy on
-               the user's other-arm test windows, before and after
+               the user's other-arm test windows, before and after. Two runs at a time, one
+               ORT thread each; `--resume`, so a run the bench was killed in continues
   measure      `edgetrain measure --json`: peak bytes and breakdown from ORT's allocator, and
                the step time, at the configuration's micro-batch x accumulation
   fit          `edgetrain fit --device watch-app-low --json`: largest micro-batch under 64 MiB
@@ -33,6 +34,7 @@ import json
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ EFFECTIVE_BATCH = 16  # windows per optimizer step, every configuration
 HELD_OUT_USERS = (8, 9, 10)  # personalised and tested; never in the population
 PATCHES_PER_WINDOW = 49  # 224x224 image, 32x32 patches
 DENSITY = 0.1  # DST: kept fraction of Conv/Linear weights (ERK allocation)
+PARALLEL_RUNS = 2  # personalisation runs at once (not timed; --threads 1 each)
 PROFILE = "watch-app-low"  # the watch-class profile of the scenario metrics (64 MiB)
 PERSONALISE = {"epochs": 2, "lr": 3e-4}
 MASK_UPDATES = {"mask_update": "rigl", "mask_every": 5, "drop_fraction": 0.1, "mask_end": 0.75}
@@ -167,7 +170,7 @@ def stage_export(c: StackConfig) -> dict:
 def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
     out = ARTIFACTS / "runs" / f"{c.key()}-user{user}"
     args = ["personalise", art, "--user", str(user), "--budget", "64GiB", "--out", str(out),
-            "--epochs", str(PERSONALISE["epochs"]), "--json"]
+            "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json"]
     if c.sparse:
         args += ["--mask-update", MASK_UPDATES["mask_update"],
                  "--mask-every", str(MASK_UPDATES["mask_every"]),
@@ -387,11 +390,29 @@ def main() -> None:
     args = ap.parse_args()
     if not args.report:
         todo = [(n, f) for n, f in tasks(args.only) if saved(n) is None]
-        bar = tqdm(todo, desc="stack", unit="task")
-        for name, fn in bar:
-            bar.set_postfix_str(name)
+        bar = tqdm(total=len(todo), desc="stack", unit="task")
+
+        def run(name: str, fn) -> None:
             save(name, fn())
+            bar.update(1)
             tqdm.write(f"done: {name}")
+
+        i = 0
+        while i < len(todo):
+            name, fn = todo[i]
+            if name.startswith("personalise-"):  # independent runs, one ORT thread each:
+                batch = []  # two at a time use both cores better than one run on two
+                while i < len(todo) and todo[i][0].startswith("personalise-"):
+                    batch.append(todo[i])
+                    i += 1
+                with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
+                    for f in [pool.submit(run, n, g) for n, g in batch]:
+                        f.result()
+                continue
+            bar.set_postfix_str(name)
+            run(name, fn)
+            i += 1
+        bar.close()
     if args.only is None:
         report()
 

@@ -66,9 +66,9 @@ class NetRecipe:
 
 
 RECIPES = {
-    "resnet50": NetRecipe("resnet50", epochs=4, batch=16, lr=1e-3, dst_epochs=2),
-    "mobilenet_v1": NetRecipe("mobilenet_v1", epochs=8, batch=16, lr=2e-3, dst_epochs=3),
-    "patch_mobilenet": NetRecipe("patch_mobilenet", epochs=8, batch=64, lr=3e-3, dst_epochs=3),
+    "resnet50": NetRecipe("resnet50", epochs=4, batch=16, lr=1e-3, dst_epochs=1),
+    "mobilenet_v1": NetRecipe("mobilenet_v1", epochs=8, batch=16, lr=2e-3, dst_epochs=2),
+    "patch_mobilenet": NetRecipe("patch_mobilenet", epochs=8, batch=64, lr=3e-3, dst_epochs=2),
 }
 
 

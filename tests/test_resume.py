@@ -185,3 +185,30 @@ def test_latest_skips_a_tampered_point_and_refuses_when_none_is_intact(tiny_arti
         p.unlink()
     with pytest.raises(resume.ResumeError, match="no intact resume point"):
         resume.latest(out)
+
+
+def test_resume_keeps_masks_and_the_mask_update_schedule(data_files, tmp_path):
+    """A sparse run with SET mask updates (random regrowth): the resumed run replays the same
+    mask updates from the saved generator state and ends with the same masks and weights."""
+    import torch
+
+    from conftest import TINY_CLASSES, TINY_SHAPE, tiny_model
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+
+    art = tmp_path / "sparse"
+    export_artifact(tiny_model(), torch.zeros(2, *TINY_SHAPE), art, classes=TINY_CLASSES,
+                    plan=Plan(micro_batch=4), lr=1e-2, density=0.5, freeze_batchnorm=True)
+    masks = ["--mask-update", "set", "--mask-every", "2", "--drop-fraction", "0.3"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    r = run_until(personalise_cmd(art, data_files, whole, *masks), None, env())
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mask_updates"] > 3
+    assert run_until(personalise_cmd(art, data_files, cut, *masks), None, env("step:9")).killed
+    r = run_until(personalise_cmd(art, data_files, cut, *masks, "--resume"), None, env())
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["resumed_from_step"] == 8
+    got, want = weights(cut / "checkpoint"), weights(whole / "checkpoint")
+    assert "conv.weight_positions" in want
+    for k in want:
+        np.testing.assert_array_equal(np.array(got[k]), np.array(want[k]), err_msg=k)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetrain.feed import Feed
-from edgetrain.manifest import atomic_write_bytes
+from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.personalise import accuracy, evaluate
 from edgetrain.runtime import DeviceRuntime
 

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgetrain.atomicfile import atomic_write_bytes
+
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 # The roles the runtime needs; the file names behind them come from the manifest only.
@@ -279,23 +281,3 @@ def _refuse_external_data(role: str, path: Path) -> None:
             f"({len(refs)} external tensor(s)); edgetrain artifacts carry no external data, and "
             "a path outside the artifact folder would let the graph read any file. The "
             "artifact is refused; re-export it with edgetrain")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves either the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

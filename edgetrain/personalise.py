@@ -23,7 +23,7 @@ import numpy as np
 from device_sim.faults import fault_point
 from edgetrain import resume as resume_points
 from edgetrain.feed import Feed
-from edgetrain.manifest import atomic_write_bytes
+from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.masks import UPDATERS, MaskSchedule
 from edgetrain.runtime import DeviceRuntime
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from device_sim.faults import fault_point
+from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import MANIFEST_NAME, sha256_file
 
 RESUME_DIR = "resume"
@@ -70,29 +71,6 @@ def run_fingerprint(config: dict, x: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        fault_point("state-tmp-written")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def has_progress(run: str | os.PathLike) -> bool:
     d = Path(run) / RESUME_DIR
     return d.is_dir() and any(_STATE.match(p.name) for p in d.iterdir())
@@ -108,7 +86,9 @@ def commit(run: str | os.PathLike, save_checkpoint, state: dict) -> ResumeState:
     fault_point("checkpoint-renamed")
     rs = ResumeState(schema=SCHEMA, checkpoint=name, checkpoint_bytes=ckpt.stat().st_size,
                      checkpoint_sha256=sha256_file(ckpt), **state)
-    _fsync_write(d / f"state-{rs.steps:08d}.json", json.dumps(rs.to_dict(), indent=1).encode())
+    with atomic_write(d / f"state-{rs.steps:08d}.json") as tmp:
+        tmp.write_bytes(json.dumps(rs.to_dict(), indent=1).encode())
+        fault_point("state-tmp-written")
     fault_point("state-committed")
     _prune(d)
     return rs

@@ -18,6 +18,7 @@ import numpy as np
 
 from device_sim.cap import BudgetError, BudgetSplit, arena_rounded, budget_error_from, install_arena
 from device_sim.faults import fault_point
+from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.masks import UPDATERS, update_layer
 from edgetrain.ort_device import onnxruntime, training_api
@@ -313,9 +314,7 @@ class DeviceRuntime:
     # ---- persistence -------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
         """Write parameters and optimizer state atomically: a crash leaves the old file."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_write(path) as tmp:
             try:
                 training_api().CheckpointState.save_checkpoint(self.state, str(tmp),
                                                             include_optimizer_state=True)
@@ -324,26 +323,16 @@ class DeviceRuntime:
                     raise OSError(errno.ENOSPC, f"only {written} of at least "
                                   f"{self._min_checkpoint_bytes} bytes reached the disk")
             except (OSError, RuntimeError) as e:
-                raise CheckpointWriteError(path, e) from e
+                raise CheckpointWriteError(Path(path), e) from e
             fault_point("checkpoint-tmp-written")
             fault_point("checkpoint-torn", tmp)
-            _fsync_replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return Path(path)
 
     def export_inference(self, path: str | os.PathLike) -> Path:
         """Write an inference-only ONNX model (input -> logits) with the current weights."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_write(path) as tmp:
             self.module.export_model_for_inferencing(str(tmp), ["logits"])
-            _fsync_replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return Path(path)
 
 
 class CheckpointWriteError(OSError):
@@ -391,17 +380,6 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
-
-
-def _fsync_replace(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "state_bytes_of"]

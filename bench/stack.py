@@ -314,8 +314,20 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
         tp = r["fit_throughput_windows_per_s"]
         fit.append(f"| {r['config']} | {r['fit_max_micro_batch']} | {mb(r['fit_peak_bytes'])} "
                    f"| {'–' if tp is None else f'{tp:.1f}'} |")
+    recipes = ["| network | dense epochs | DST epochs | batch | peak lr | optimizer steps "
+               "| final train loss, dense → sparse | time (min) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for net, r in RECIPES.items():
+        dense = saved(f"pretrain-{net}-dense")
+        sparse = saved(f"pretrain-{net}-dst")
+        if sparse is None:
+            continue
+        d = dense or sparse["dense"]  # the DST run records the dense run it started from
+        loss = f"{d['final_loss']:.3f} → {sparse['final_loss']:.3f}"
+        minutes = (d["pretrain_time_s"] + sparse["pretrain_time_s"]) / 60
+        recipes.append(f"| {net} | {r.epochs} | {r.dst_epochs} | {r.batch} | {r.lr:g} "
+                       f"| {d['steps']} + {sparse['steps']} | {loss} | {minutes:.0f} |")
     return {"stack-table": main, "stack-breakdown": parts, "stack-accuracy": acc,
-            "stack-fit": fit}
+            "stack-fit": fit, "stack-recipes": recipes}
 
 
 def plot(rs: list[dict], path: Path) -> None:

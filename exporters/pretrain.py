@@ -4,13 +4,16 @@ The population model of a held-out user is trained on the other nine subjects' w
 For a patch model each epoch draws `patches_per_window` random patches from every window
 (the label is the window's); whole-image models see whole images. The trained weights are
 cached under .cache/pretrain/ keyed by everything that determines them, so a second
-`export` (or `make demo`) does not train again.
+`export` (or `make demo`) does not train again. A long run also leaves a resume point there
+after every epoch (`<name>.partial.pt`: weights, optimizer, schedule, generators, masks), so a
+run that is stopped continues from its last finished epoch.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,30 +79,34 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
         return model, {**summary, **blob["train"], "cache": str(cached)}
 
     signals = data.standardised_signals(xw, mean, scale, spec.image_size)
+    partial = cached.with_suffix(".partial.pt") if cached is not None else None
     if cfg.dst is None:
         torch.manual_seed(cfg.seed)
-        train = _fit(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None, show_progress)
+        train = _fit(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None, show_progress,
+                     partial)
     else:
         dense, dense_summary = pretrain(dataclasses.replace(cfg, dst=None), cache_dir,
                                         show_progress)
         model.load_state_dict(dense.state_dict())
         masks = TorchMasks(model, cfg.dst.density, cfg.dst.allocation)
         train = _fit(model, cfg, spec, signals, yw, cfg.dst.epochs, cfg.dst.lr, masks,
-                     show_progress)
+                     show_progress, partial)
         train["dense"] = {k: dense_summary[k] for k in ("final_loss", "pretrain_time_s", "steps")}
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
         tmp.replace(cached)
+        partial.unlink(missing_ok=True)
     return model, {**summary, **train, "cache": str(cached) if cached else None}
 
 
 def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
          yw: np.ndarray, epochs: int, lr: float, masks: TorchMasks | None,
-         show_progress: bool) -> dict:
+         show_progress: bool, partial: Path | None = None) -> dict:
     """AdamW with a one-cycle schedule; each epoch draws `patches_per_window` random patches
-    from every window (patch models) or sees every whole image once."""
+    from every window (patch models) or sees every whole image once. With `partial`, the
+    state after each epoch is saved there and a run finding it continues after that epoch."""
     rng = np.random.default_rng(cfg.seed + (1000 if masks is not None else 0))
     mask_rng = np.random.default_rng([cfg.seed, 1])
     ps = spec.patch_size or spec.image_size
@@ -112,14 +119,25 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
     schedule = cfg.dst.schedule() if masks is not None else None
     if masks is not None:
         masks.apply(opt)
-    t0 = time.perf_counter()
     model.train()
     losses = []
-    step = regrown = 0
+    step = regrown = done_epochs = 0
+    elapsed_s = 0.0  # training time of earlier runs that this one resumes
+    if partial is not None and partial.is_file():
+        blob = torch.load(partial, weights_only=False)
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        sched.load_state_dict(blob["schedule"])
+        rng.bit_generator.state, mask_rng.bit_generator.state = blob["rngs"]
+        if masks is not None:
+            masks.masks = blob["masks"]
+        step, regrown, done_epochs = blob["step"], blob["regrown"], blob["epochs"]
+        losses, elapsed_s = blob["losses"], blob["elapsed_s"]
+    t0 = time.perf_counter()
     desc = f"pretrain {cfg.model}" + (f" sparse {cfg.dst.density:g}" if masks else "")
-    bar = tqdm(total=steps, desc=desc, disable=None if show_progress else True,
-               mininterval=1.0, unit="step")
-    for _ in range(epochs):
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not show_progress,
+               mininterval=1.0 if sys.stderr.isatty() else 60.0, unit="step")
+    for epoch in range(done_epochs, epochs):
         windows = np.repeat(rng.permutation(len(yw)), per)
         rng.shuffle(windows)
         patches = rng.integers(0, grid * grid, len(windows))
@@ -142,10 +160,21 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
                     regrown += masks.update(schedule.method, fraction, mask_rng, opt)
             losses.append(loss.item())
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", refresh=False)
+        if partial is not None and epoch + 1 < epochs:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            tmp = partial.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "schedule": sched.state_dict(),
+                        "rngs": (rng.bit_generator.state, mask_rng.bit_generator.state),
+                        "masks": masks.masks if masks is not None else None,
+                        "step": step, "regrown": regrown, "epochs": epoch + 1,
+                        "losses": losses[-20:],
+                        "elapsed_s": elapsed_s + time.perf_counter() - t0}, tmp)
+            tmp.replace(partial)
     bar.close()
     out = {"final_loss": float(np.mean(losses[-20:])) if losses else None,
-           "pretrain_time_s": round(time.perf_counter() - t0, 1), "steps": steps}
+           "pretrain_time_s": round(elapsed_s + time.perf_counter() - t0, 1), "steps": steps}
     if masks is not None:
         out.update(density=round(masks.density(), 4), regrown_weights=regrown)
     return out

@@ -133,3 +133,63 @@ def test_pretrain_cache_key_of_the_default_config_is_unchanged():
     assert _key(cfg) == hashlib.sha256(blob).hexdigest()[:16]
     assert _key(dataclasses.replace(cfg, dst=DstConfig())) != _key(cfg)
     assert _key(dataclasses.replace(cfg, also_held_out=(8,))) != _key(cfg)
+
+
+def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, monkeypatch):
+    """A long population run (ResNet-50: ~13 min an epoch here) leaves a resume point after
+    every epoch; stopped mid-epoch, the next run continues from it and ends with the weights,
+    masks and step count of a run that was never stopped."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import tiny_model
+    from exporters import pretrain
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((12, data.WINDOW_SAMPLES, 6))
+    mean, scale = data.channel_stats(x)
+    spec = SimpleNamespace(patch_size=8, image_size=16)  # 2 x 2 patches of 8 x 8
+    signals = data.standardised_signals(x, mean, scale, spec.image_size)
+    y = rng.integers(0, 3, 12)
+    dst = DstConfig(density=0.5, epochs=3, every_steps=2, method="set")
+    cfg = pretrain.PretrainConfig(model="tiny", batch=4, patches_per_window=2, dst=dst)
+
+    def fit(partial=None):
+        model = tiny_model()
+        masks = TorchMasks(model, dst.density, dst.allocation)
+        out = pretrain._fit(model, cfg, spec, signals, y, dst.epochs, 1e-2, masks, False,
+                            partial)
+        return model, masks, out
+
+    whole, whole_masks, whole_out = fit()
+
+    class StopAfter:  # the progress bar the run reports to; it "loses power" at update 8
+        def __init__(self, *a, **k):
+            self.n = 0
+
+        def update(self, k):
+            self.n += k
+            if self.n == 8:  # 6 steps an epoch: in the middle of epoch 2
+                raise KeyboardInterrupt
+
+        def set_postfix(self, **k):
+            pass
+
+        def close(self):
+            pass
+
+    partial = tmp_path / "tiny.partial.pt"
+    monkeypatch.setattr(pretrain, "tqdm", StopAfter)
+    with pytest.raises(KeyboardInterrupt):
+        fit(partial)
+    assert torch.load(partial, weights_only=False)["epochs"] == 1
+    monkeypatch.undo()
+    resumed, resumed_masks, out = fit(partial)
+    assert out["steps"] == whole_out["steps"] == 18
+    assert out["regrown_weights"] == whole_out["regrown_weights"] > 0
+    for name, mask in whole_masks.masks.items():
+        assert torch.equal(resumed_masks.masks[name], mask), name
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=1e-6,
+                                   msg=name)

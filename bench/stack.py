@@ -349,7 +349,8 @@ def plot(rs: list[dict], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(names, [r["torch_peak_rss_bytes"] / 1e6 for r in rs], "kD--",
             label="PyTorch eager peak RSS")
-    ax.set_yscale("log")
+    ax.set_yscale("log")  # the floor below the smallest first part, or log hides it
+    ax.set_ylim(bottom=0.5 * min(r["breakdown"][CATEGORIES[0]] for r in rs) / 1e6)
     ax.set_ylabel("MB (log scale)")
     ax.set_title(f"Peak training memory, {EFFECTIVE_BATCH} windows per step (measured)")
     ax.legend(fontsize=8)

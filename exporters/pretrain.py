@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from edgetrain import data
+from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import Manifest, Plan
 from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
@@ -94,9 +95,8 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
         train["dense"] = {k: dense_summary[k] for k in ("final_loss", "pretrain_time_s", "steps")}
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
-        tmp.replace(cached)
+        with atomic_write(cached) as tmp:
+            torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
         partial.unlink(missing_ok=True)
     return model, {**summary, **train, "cache": str(cached) if cached else None}
 
@@ -163,15 +163,14 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", refresh=False)
         if partial is not None and epoch + 1 < epochs:
             partial.parent.mkdir(parents=True, exist_ok=True)
-            tmp = partial.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "schedule": sched.state_dict(),
-                        "rngs": (rng.bit_generator.state, mask_rng.bit_generator.state),
-                        "masks": masks.masks if masks is not None else None,
-                        "step": step, "regrown": regrown, "epochs": epoch + 1,
-                        "losses": losses[-20:],
-                        "elapsed_s": elapsed_s + time.perf_counter() - t0}, tmp)
-            tmp.replace(partial)
+            with atomic_write(partial) as tmp:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                            "schedule": sched.state_dict(),
+                            "rngs": (rng.bit_generator.state, mask_rng.bit_generator.state),
+                            "masks": masks.masks if masks is not None else None,
+                            "step": step, "regrown": regrown, "epochs": epoch + 1,
+                            "losses": losses[-20:],
+                            "elapsed_s": elapsed_s + time.perf_counter() - t0}, tmp)
     bar.close()
     out = {"final_loss": float(np.mean(losses[-20:])) if losses else None,
            "pretrain_time_s": round(elapsed_s + time.perf_counter() - t0, 1), "steps": steps}

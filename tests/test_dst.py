@@ -1,6 +1,8 @@
 """Host-side dynamic sparse training (exporters/dst.py) and the held-out population split."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -193,3 +195,22 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     for name, value in whole.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=1e-6,
                                    msg=name)
+
+
+def test_pretraining_cache_round_trip_leaves_no_temporaries(tmp_path, monkeypatch):
+    import torch
+
+    from exporters.pretrain import PretrainConfig, pretrain
+
+    rng = np.random.default_rng(0)
+    recs = data.Recordings(x=[rng.standard_normal((400, 6)) for _ in range(4)],
+                           y=np.array([0, 1, 0, 1]), subject=np.array([1, 1, 10, 10]),
+                           side=np.array([0, 1, 0, 1]), classes=("a", "b"))
+    monkeypatch.setattr(data, "load_recordings", lambda: recs)
+    cfg = PretrainConfig(model="patch_mobilenet", width=0.25, epochs=1, batch=4)
+    first, s1 = pretrain(cfg, tmp_path, show_progress=False)
+    second, s2 = pretrain(cfg, tmp_path, show_progress=False)
+    assert s1["cache"] == s2["cache"] and [p.name for p in tmp_path.iterdir()] == \
+        [Path(s1["cache"]).name]  # the cache alone: no temporary, no resume point
+    for name, value in first.state_dict().items():
+        assert torch.equal(second.state_dict()[name], value), name

@@ -201,13 +201,16 @@ def stage_peer(c: StackConfig) -> dict:
     return json.loads(p.stdout)
 
 
+NETWORK_ORDER = ("patch_mobilenet", "mobilenet_v1", "resnet50")  # cheapest first
+
+
 def tasks(only: str | None):
     """(name, function) in run order; names are the files under bench/results/stack/.
 
     Cheapest network first (patch MobileNet, MobileNetV1, then ResNet-50), each carried
     through every stage before the next is pretrained: a stage that fails does so within
     minutes, not after the hour of ResNet-50 pretraining."""
-    order = ["patch_mobilenet", "mobilenet_v1", "resnet50"]
+    order = NETWORK_ORDER
     nets = [(n, s) for n in order for s in (False, True)
             if any(c.network == n and c.sparse == s for c in STACK)]
     pretrains = [(f"pretrain-{n}-{'dst' if s else 'dense'}",
@@ -231,6 +234,36 @@ def tasks(only: str | None):
             yield f"peer-{c.key()}", lambda c=c: stage_peer(c)
         for c in group:
             yield f"fit-{c.key()}", lambda c=c: stage_fit(saved(f"export-{c.key()}")["artifact"])
+
+
+def group_names(network: str) -> list[str]:
+    """Every task name of one network: its pretraining and its configurations' stages."""
+    keys = [c.key() for c in STACK if c.network == network]
+    return [n for n, _ in tasks(None)
+            if n.startswith(f"pretrain-{network}-") or any(k in n for k in keys)]
+
+
+def forget_stale_groups() -> list[str]:
+    """Saved results travel with the repository; the models and artifacts they name live in
+    .cache and may not (another machine). A network whose stages are not all done and whose
+    saved pretraining or export lost its file starts over from pretraining, so that every
+    row comes from one model. Returns the result names forgotten."""
+    forgotten = []
+    for net in NETWORK_ORDER:
+        results = {n: saved(n) for n in group_names(net)}
+        if all(results.values()):
+            continue  # finished: nothing will read its files again
+        lost = [n for n, r in results.items() if r and (
+            (n.startswith("pretrain-") and not (ROOT / r["cache"]).is_file())
+            or (n.startswith("export-") and not (ROOT / r["artifact"]).is_dir()))]
+        if lost:
+            tqdm.write(f"{net}: the files behind {', '.join(lost)} are gone (another machine's "
+                       f"cache?); redoing {net} from pretraining so every row comes from one model")
+            for n, r in results.items():
+                if r:
+                    (STATE / f"{n}.json").unlink()
+                    forgotten.append(n)
+    return forgotten
 
 
 # ---- report --------------------------------------------------------------------------------
@@ -421,6 +454,7 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only rebuild tables and plot")
     args = ap.parse_args()
     if not args.report:
+        forget_stale_groups()
         todo = [(n, f) for n, f in tasks(args.only) if saved(n) is None]
         bar = tqdm(total=len(todo), desc="stack", unit="task")
 

@@ -64,3 +64,28 @@ def test_torch_peer_blocks_compute_the_network(network):
     torch.testing.assert_close(seq(x), model(x))
     out = torch.utils.checkpoint.checkpoint_sequential(seq, 3, x, use_reentrant=False)
     torch.testing.assert_close(out, model(x))
+
+
+def test_a_group_whose_cached_files_are_gone_starts_over_and_a_finished_one_stays(
+        tmp_path, monkeypatch):
+    """Results come with the repository, .cache does not: an unfinished network whose saved
+    pretraining or export lost its file is redone whole; a finished network is kept."""
+    monkeypatch.setattr(stack, "STATE", tmp_path / "state")
+    monkeypatch.setattr(stack, "ROOT", tmp_path)
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"weights")
+    finished = stack.group_names("patch_mobilenet")
+    for n in finished:  # every stage saved; its cache is gone too, but nothing reads it
+        stack.save(n, {"cache": "gone.pt", "artifact": str(tmp_path / "gone")})
+    unfinished = stack.group_names("mobilenet_v1")
+    pre = next(n for n in unfinished if n.startswith("pretrain-"))
+    export = next(n for n in unfinished if n.startswith("export-"))
+    stack.save(pre, {"cache": str(model)})
+    stack.save(export, {"artifact": str(tmp_path / "artifact")})  # folder never made
+    assert stack.forget_stale_groups() == [pre, export]
+    assert stack.saved(pre) is None and stack.saved(export) is None
+    assert all(stack.saved(n) is not None for n in finished)
+    (tmp_path / "artifact").mkdir()  # with the files in place, nothing is forgotten
+    stack.save(pre, {"cache": str(model)})
+    stack.save(export, {"artifact": str(tmp_path / "artifact")})
+    assert stack.forget_stale_groups() == []

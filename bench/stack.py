@@ -97,6 +97,12 @@ class StackConfig:
                            "density": DENSITY, "held_out": HELD_OUT_USERS}, sort_keys=True)
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
+    def personalise_key(self) -> str:
+        """key() plus the personalisation recipe: a new recipe never reuses old runs."""
+        blob = json.dumps({"personalise": PERSONALISE,
+                           "masks": MASK_UPDATES if self.sparse else None}, sort_keys=True)
+        return f"{self.key()}-p{hashlib.sha256(blob.encode()).hexdigest()[:6]}"
+
 
 STACK = [
     StackConfig("C1", "resnet50", False, "none", EFFECTIVE_BATCH, "ResNet-50"),
@@ -169,7 +175,7 @@ def stage_export(c: StackConfig) -> dict:
 
 
 def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
-    out = ARTIFACTS / "runs" / f"{c.key()}-user{user}"
+    out = ARTIFACTS / "runs" / f"{c.personalise_key()}-user{user}"
     args = ["personalise", art, "--user", str(user), "--budget", "64GiB", "--out", str(out),
             "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json"]
     if c.sparse:
@@ -225,7 +231,7 @@ def tasks(only: str | None):
             yield f"export-{c.key()}", lambda c=c: stage_export(c)
         for c in group:
             for u in HELD_OUT_USERS:
-                yield f"personalise-{c.key()}-user{u}", lambda c=c, u=u: \
+                yield f"personalise-{c.personalise_key()}-user{u}", lambda c=c, u=u: \
                     stage_personalise(c, saved(f"export-{c.key()}")["artifact"], u)
         # Timed stages after the group's personalisation runs, so nothing else of the
         # bench runs on the machine while they time.
@@ -273,7 +279,8 @@ def rows() -> list[dict]:
     for c in STACK:
         k = c.key()
         ex, me, pe, fi = (saved(f"{s}-{k}") for s in ("export", "measure", "peer", "fit"))
-        per_user = {u: saved(f"personalise-{k}-user{u}") for u in HELD_OUT_USERS}
+        per_user = {u: saved(f"personalise-{c.personalise_key()}-user{u}")
+                    for u in HELD_OUT_USERS}
         if None in (ex, me, pe, fi) or None in per_user.values():
             continue
         after = [per_user[u]["accuracy_after"] for u in HELD_OUT_USERS]

@@ -11,12 +11,12 @@ benchmark table: a diagnosis, kept so the figures in docs/results.md can be repr
 import json, sys, time
 import numpy as np, torch
 sys.path.insert(0, "bench")
-from stack import pretrain_config
+from stack import STACK, pretrain_config
 from exporters.pretrain import pretrain
 from edgetrain.userdata import user_data
 from edgetrain import data
 
-art = json.load(open("bench/results/stack/export-C1-568a947b8e.json"))["artifact"]
+art = json.load(open(f"bench/results/stack/export-{STACK[0].key()}.json"))["artifact"]  # C1
 (xtr, ytr), (xte, yte) = user_data(art, 8, None)
 base, s = pretrain(pretrain_config("resnet50", False), show_progress=False)
 mean, scale = s["channel_mean"], s["channel_scale"]

@@ -216,15 +216,14 @@ def tasks(only: str | None):
     Cheapest network first (patch MobileNet, MobileNetV1, then ResNet-50), each carried
     through every stage before the next is pretrained: a stage that fails does so within
     minutes, not after the hour of ResNet-50 pretraining."""
-    order = NETWORK_ORDER
-    nets = [(n, s) for n in order for s in (False, True)
+    nets = [(n, s) for n in NETWORK_ORDER for s in (False, True)
             if any(c.network == n and c.sparse == s for c in STACK)]
     pretrains = [(f"pretrain-{n}-{'dst' if s else 'dense'}",
                   lambda n=n, s=s: stage_pretrain(n, s)) for n, s in nets]
     if only == "pretrain":
         yield from pretrains
         return
-    for net in order:
+    for net in NETWORK_ORDER:
         yield from (p for p in pretrains if p[0].startswith(f"pretrain-{net}-"))
         group = [c for c in STACK if c.network == net]
         for c in group:

@@ -31,13 +31,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from predictor import ROOT, replace_table, save_results  # bench/predictor.py
@@ -49,7 +52,11 @@ PATCHES_PER_WINDOW = 49  # 224x224 image, 32x32 patches
 DENSITY = 0.1  # DST: kept fraction of Conv/Linear weights (ERK allocation)
 PARALLEL_RUNS = 2  # personalisation runs at once (not timed; --threads 1 each)
 PROFILE = "watch-app-low"  # the watch-class profile of the scenario metrics (64 MiB)
-PERSONALISE = {"epochs": 2, "lr": 3e-4}
+PERSONALISE = {"epochs": 2}  # plus each network's learning rate, chosen by the sweep below
+ARTIFACT_LR = 3e-4  # the default written into artifacts; personalisation passes --lr
+LR_CANDIDATES = (3e-5, 1e-4, 3e-4)  # the sweep: each population model x each held-out user
+VAL_FRACTION = 0.25  # ...trains on the first 75% of each personalisation-arm recording and
+# validates on the last 25% (edgetrain.data.validation_split): the test arm is never read
 MASK_UPDATES = {"mask_update": "rigl", "mask_every": 2, "drop_fraction": 0.1, "mask_end": 0.75}
 STATE = ROOT / "bench" / "results" / "stack"
 ARTIFACTS = ROOT / ".cache" / "stack"
@@ -98,10 +105,21 @@ class StackConfig:
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
     def personalise_key(self) -> str:
-        """key() plus the personalisation recipe: a new recipe never reuses old runs."""
-        blob = json.dumps({"personalise": PERSONALISE,
+        """key() plus the personalisation recipe with the chosen learning rate: a new recipe
+        never reuses old runs. '-p-lr-pending' until this model's sweep has finished."""
+        lr = chosen_lr(self)
+        if lr is None:
+            return f"{self.key()}-p-lr-pending"
+        blob = json.dumps({"personalise": {**PERSONALISE, "lr": lr},
                            "masks": MASK_UPDATES if self.sparse else None}, sort_keys=True)
         return f"{self.key()}-p{hashlib.sha256(blob.encode()).hexdigest()[:6]}"
+
+    def sweep_config(self) -> "StackConfig":
+        """The configuration whose artifact the learning-rate sweep runs for this population
+        model: the first with the same network and sparsity. C2-C4 share C2's sweep, as they
+        train the same model with the same mathematics (BatchNorm is frozen on the device, so
+        micro-batching and recomputation change memory and time, not the update)."""
+        return next(x for x in STACK if x.network == self.network and x.sparse == self.sparse)
 
 
 STACK = [
@@ -123,6 +141,28 @@ def pretrain_config(network: str, sparse: bool):
     return PretrainConfig(model=network, width=1.0, holdout_user=HELD_OUT_USERS[-1],
                           also_held_out=HELD_OUT_USERS[:-1], epochs=r.epochs, batch=r.batch,
                           lr=r.lr, dst=dst)
+
+
+def sweep_name(rep: StackConfig, lr: float, user: int) -> str:
+    blob = json.dumps({"personalise": PERSONALISE, "val_fraction": VAL_FRACTION,
+                       "masks": MASK_UPDATES if rep.sparse else None}, sort_keys=True)
+    return f"lrsweep-{rep.key()}-v{hashlib.sha256(blob.encode()).hexdigest()[:6]}-lr{lr:g}-user{user}"
+
+
+def sweep_table(c: StackConfig) -> dict[float, list[float | None]]:
+    """Validation accuracy after personalisation, per candidate lr, per held-out user."""
+    rep = c.sweep_config()
+    return {lr: [(saved(sweep_name(rep, lr, u)) or {}).get("accuracy_after")
+                 for u in HELD_OUT_USERS] for lr in LR_CANDIDATES}
+
+
+def chosen_lr(c: StackConfig) -> float | None:
+    """The candidate with the best mean validation accuracy over the held-out users (ties go
+    to the smaller rate); None while any sweep run is missing."""
+    table = sweep_table(c)
+    if any(a is None for accs in table.values() for a in accs):
+        return None
+    return max(LR_CANDIDATES, key=lambda lr: (round(statistics.mean(table[lr]), 6), -lr))
 
 
 # ---- resumable results ---------------------------------------------------------------------
@@ -166,7 +206,7 @@ def stage_export(c: StackConfig) -> dict:
     art = ARTIFACTS / c.key()
     m = export_named(pretrain_config(c.network, c.sparse), art,
                      Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
-                     lr=PERSONALISE["lr"], show_progress=False, recompute=c.recompute)
+                     lr=ARTIFACT_LR, show_progress=False, recompute=c.recompute)
     return {"artifact": str(art), "trainable_bytes": m.trainable_bytes,
             "masks": len(m.masks), "kept_weights": sum(k.nnz for k in m.masks),
             "masked_numel": sum(k.numel for k in m.masks),
@@ -174,16 +214,44 @@ def stage_export(c: StackConfig) -> dict:
             "predicted_peak_bytes": m.predicted["peak_bytes"]}
 
 
-def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
-    out = ARTIFACTS / "runs" / f"{c.personalise_key()}-user{user}"
-    args = ["personalise", art, "--user", str(user), "--budget", "64GiB", "--out", str(out),
+def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str]:
+    args = ["personalise", art, "--budget", "64GiB", "--out", str(out), "--lr", repr(lr),
             "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json"]
     if c.sparse:
         args += ["--mask-update", MASK_UPDATES["mask_update"],
                  "--mask-every", str(MASK_UPDATES["mask_every"]),
                  "--drop-fraction", str(MASK_UPDATES["drop_fraction"]),
                  "--mask-end", str(MASK_UPDATES["mask_end"])]
-    return cli(*args)
+    return args
+
+
+def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
+    lr = chosen_lr(c)
+    assert lr is not None, f"{c.name}: personalisation before its learning-rate sweep"
+    out = ARTIFACTS / "runs" / f"{c.personalise_key()}-user{user}"
+    return cli(*personalise_args(c, art, out, lr), "--user", str(user))
+
+
+def validation_files(user: int) -> tuple[Path, Path]:
+    """The user's personalisation arm as train.npz and val.npz (edgetrain --data/--test)."""
+    from edgetrain import data
+
+    folder = ARTIFACTS / "lrsweep-data"
+    paths = tuple(folder / f"user{user}-v{VAL_FRACTION:g}-{s}.npz" for s in ("train", "val"))
+    if not all(p.is_file() for p in paths):
+        folder.mkdir(parents=True, exist_ok=True)
+        split = data.validation_split(data.load_recordings(), user, VAL_FRACTION)
+        for path, (x, y) in zip(paths, split):
+            with tempfile.NamedTemporaryFile(dir=folder, suffix=".npz", delete=False) as f:
+                np.savez(f, x=x, y=y)
+            os.replace(f.name, path)  # two sweep threads may write the same file: same bytes
+    return paths
+
+
+def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
+    train, val = validation_files(user)
+    out = ARTIFACTS / "runs" / sweep_name(c, lr, user)
+    return cli(*personalise_args(c, art, out, lr), "--data", str(train), "--test", str(val))
 
 
 def stage_measure(c: StackConfig, art: str) -> dict:
@@ -210,25 +278,31 @@ def stage_peer(c: StackConfig) -> dict:
 NETWORK_ORDER = ("patch_mobilenet", "mobilenet_v1", "resnet50")  # cheapest first
 
 
-def tasks(only: str | None):
+def tasks(only: str | None, network: str | None = None):
     """(name, function) in run order; names are the files under bench/results/stack/.
 
     Cheapest network first (patch MobileNet, MobileNetV1, then ResNet-50), each carried
     through every stage before the next is pretrained: a stage that fails does so within
     minutes, not after the hour of ResNet-50 pretraining."""
-    nets = [(n, s) for n in NETWORK_ORDER for s in (False, True)
+    order = [n for n in NETWORK_ORDER if network in (None, n)]
+    nets = [(n, s) for n in order for s in (False, True)
             if any(c.network == n and c.sparse == s for c in STACK)]
     pretrains = [(f"pretrain-{n}-{'dst' if s else 'dense'}",
                   lambda n=n, s=s: stage_pretrain(n, s)) for n, s in nets]
     if only == "pretrain":
         yield from pretrains
         return
-    for net in NETWORK_ORDER:
+    for net in order:
         yield from (p for p in pretrains if p[0].startswith(f"pretrain-{net}-"))
         group = [c for c in STACK if c.network == net]
         for c in group:
             yield f"export-{c.key()}", lambda c=c: stage_export(c)
-        for c in group:
+        for rep in dict.fromkeys(c.sweep_config() for c in group):
+            for lr in LR_CANDIDATES:
+                for u in HELD_OUT_USERS:
+                    yield sweep_name(rep, lr, u), lambda c=rep, lr=lr, u=u: stage_lrsweep(
+                        c, saved(f"export-{c.key()}")["artifact"], lr, u)
+        for c in group:  # names resolve once the sweep is saved (main() re-lists tasks)
             for u in HELD_OUT_USERS:
                 yield f"personalise-{c.personalise_key()}-user{u}", lambda c=c, u=u: \
                     stage_personalise(c, saved(f"export-{c.key()}")["artifact"], u)
@@ -454,36 +528,40 @@ def headline(rs: list[dict]) -> list[str]:
     ]
 
 
+def pending(only: str | None, network: str | None) -> list[tuple[str, object]]:
+    return [(n, f) for n, f in tasks(only, network) if saved(n) is None]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["pretrain"], help="stop after this stage")
+    ap.add_argument("--network", choices=NETWORK_ORDER, help="run only this network's stages")
     ap.add_argument("--report", action="store_true", help="only rebuild tables and plot")
     args = ap.parse_args()
     if not args.report:
         forget_stale_groups()
-        todo = [(n, f) for n, f in tasks(args.only) if saved(n) is None]
-        bar = tqdm(total=len(todo), desc="stack", unit="task")
+        bar = tqdm(total=len(pending(args.only, args.network)), desc="stack", unit="task")
 
         def run(name: str, fn) -> None:
             save(name, fn())
             bar.update(1)
             tqdm.write(f"done: {name}")
 
-        i = 0
-        while i < len(todo):
-            name, fn = todo[i]
-            if name.startswith("personalise-"):  # independent runs, one ORT thread each:
+        # Re-list after every batch: personalisation names depend on the sweep's results.
+        while todo := pending(args.only, args.network):
+            stage = todo[0][0].split("-")[0]
+            if stage in ("personalise", "lrsweep"):  # independent runs, one ORT thread each:
                 batch = []  # two at a time use both cores better than one run on two
-                while i < len(todo) and todo[i][0].startswith("personalise-"):
-                    batch.append(todo[i])
-                    i += 1
+                for name, fn in todo:
+                    if not name.startswith(stage + "-"):
+                        break
+                    batch.append((name, fn))
                 with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
                     for f in [pool.submit(run, n, g) for n, g in batch]:
                         f.result()
                 continue
-            bar.set_postfix_str(name)
-            run(name, fn)
-            i += 1
+            bar.set_postfix_str(todo[0][0])
+            run(*todo[0])
         bar.close()
     if args.only is None:
         report()

@@ -105,6 +105,33 @@ def leave_one_subject_out(recs: Recordings, user: int) -> UserSplit:
     )
 
 
+def validation_split(recs: Recordings, user: int, val_fraction: float = 0.25
+                     ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The user's personalisation windows cut in time into (train, validation).
+
+    Each recording on PERSONALISE_SIDE is split at (1 - val_fraction) of its length: windows
+    wholly before the cut train, windows wholly after it validate, and none spans it. Used to
+    choose a learning rate from the user's own data without touching the test arm; neighbouring
+    windows of one recording are alike, so validation accuracy reads optimistic (data.md) and
+    only ranks settings against each other.
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    _check_subject(recs, user)
+    mine = np.flatnonzero((recs.subject == user) & (recs.side == PERSONALISE_SIDE))
+    cut = {int(r): int(round(len(recs.x[r]) * (1 - val_fraction))) for r in mine}
+    head = Recordings([recs.x[r][:cut[r]] for r in mine], recs.y[mine], recs.subject[mine],
+                      recs.side[mine], recs.classes)
+    tail = Recordings([recs.x[r][cut[r]:] for r in mine], recs.y[mine], recs.subject[mine],
+                      recs.side[mine], recs.classes)
+    everything = np.arange(len(mine))
+    train, val = windows(head, everything), windows(tail, everything)
+    if len(val[1]) == 0:
+        raise ValueError(f"val_fraction {val_fraction} leaves user {user} no validation window "
+                         f"of {WINDOW_SAMPLES} samples; use a larger fraction")
+    return train, val
+
+
 def channel_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
     """Per-channel mean and scale (3 standard deviations) of windows [N, T, 6]."""
     flat = x.reshape(-1, x.shape[-1]).astype(np.float64)

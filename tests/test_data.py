@@ -83,3 +83,20 @@ def test_builtin_data_split_by_arm_without_overlap():
     assert not (a[:, None, :5] == b[None, :, :5]).all(-1).any()
     with pytest.raises(data.DataError, match="not in the built-in data set"):
         data.leave_one_subject_out(recs, 11)
+
+
+def test_validation_split_cuts_each_recording_in_time_without_shared_samples():
+    recs = data.load_recordings()
+    (xt, yt), (xv, yv) = data.validation_split(recs, 9, 0.25)
+    full = data.leave_one_subject_out(recs, 9).personalise
+    assert len(yt) + len(yv) <= len(full[1]) and len(yv) >= 7  # every recording validates
+    assert set(yv) == set(range(7)) == set(yt)
+    # no validation window shares a sample row with any training window
+    rows_t = {r.tobytes() for r in xt.reshape(-1, 6)}
+    assert not any(r.tobytes() in rows_t for r in xv.reshape(-1, 6))
+    test_rows = {r.tobytes() for r in data.leave_one_subject_out(recs, 9).test[0].reshape(-1, 6)}
+    assert not any(r.tobytes() in test_rows for r in xv.reshape(-1, 6))
+    with pytest.raises(ValueError, match="val_fraction must lie"):
+        data.validation_split(recs, 9, 1.0)
+    with pytest.raises(ValueError, match="no validation window"):
+        data.validation_split(recs, 9, 0.01)

@@ -74,9 +74,14 @@ def test_a_group_whose_cached_files_are_gone_starts_over_and_a_finished_one_stay
     monkeypatch.setattr(stack, "ROOT", tmp_path)
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights")
+    # every stage saved (personalisation names resolve once the sweep is saved); its cache
+    # is gone too, but nothing reads it
+    while todo := [n for n in stack.group_names("patch_mobilenet") if stack.saved(n) is None]:
+        for n in todo:
+            stack.save(n, {"cache": "gone.pt", "artifact": str(tmp_path / "gone"),
+                           "accuracy_after": 0.5})
     finished = stack.group_names("patch_mobilenet")
-    for n in finished:  # every stage saved; its cache is gone too, but nothing reads it
-        stack.save(n, {"cache": "gone.pt", "artifact": str(tmp_path / "gone")})
+    assert not any("pending" in n for n in finished)
     unfinished = stack.group_names("mobilenet_v1")
     pre = next(n for n in unfinished if n.startswith("pretrain-"))
     export = next(n for n in unfinished if n.startswith("export-"))
@@ -89,3 +94,21 @@ def test_a_group_whose_cached_files_are_gone_starts_over_and_a_finished_one_stay
     stack.save(pre, {"cache": str(model)})
     stack.save(export, {"artifact": str(tmp_path / "artifact")})
     assert stack.forget_stale_groups() == []
+
+
+def test_the_sweep_picks_the_best_mean_validation_accuracy_and_keys_runs_by_it(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(stack, "STATE", tmp_path)
+    c5 = next(c for c in stack.STACK if c.name == "C5")
+    assert stack.chosen_lr(c5) is None and c5.personalise_key().endswith("-p-lr-pending")
+    lo, mid, hi = stack.LR_CANDIDATES
+    accs = {lo: (0.5, 0.6, 0.7), mid: (0.9, 0.2, 0.7), hi: (0.6, 0.6, 0.6)}  # lo and hi tie
+    for lr, per_user in accs.items():
+        for u, a in zip(stack.HELD_OUT_USERS, per_user):
+            stack.save(stack.sweep_name(c5, lr, u), {"accuracy_after": a})
+    assert stack.chosen_lr(c5) == lo  # a tie goes to the smaller rate
+    key_lo = c5.personalise_key()
+    stack.save(stack.sweep_name(c5, hi, stack.HELD_OUT_USERS[0]), {"accuracy_after": 0.9})
+    assert stack.chosen_lr(c5) == hi and c5.personalise_key() != key_lo
+    c3 = next(c for c in stack.STACK if c.name == "C3")  # shares C2's model and sweep
+    assert c3.sweep_config().name == "C2"

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/stack.py                 # about 4-5 hours on 2 cores; resumable
     .venv/bin/python bench/stack.py --only pretrain  # just the population models
+    .venv/bin/python bench/stack.py --network resnet50  # one network's stages only
     .venv/bin/python bench/stack.py --report         # tables and plot from saved results
 
 C1 ResNet-50 -> C2 + dynamic sparse training -> C3 + gradient checkpointing -> C4 +
@@ -16,6 +17,9 @@ run resumes where it stopped:
   pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):
                dense for C1, dense then DST epochs (exporters/dst.py) for C2-C6
   export       one artifact per configuration (.cache/stack/<config>)
+  lrsweep      each population model's personalisation learning rate: LR_CANDIDATES x each
+               held-out user, trained on the first 75% of the user's personalisation-arm
+               recordings and validated on the rest (never the test arm); the best mean wins
   personalise  `edgetrain personalise --json` on each held-out user (8, 9, 10): accuracy on
                the user's other-arm test windows, before and after. Two runs at a time, one
                ORT thread each; `--resume`, so a run the bench was killed in continues
@@ -248,10 +252,22 @@ def validation_files(user: int) -> tuple[Path, Path]:
     return paths
 
 
+SWEEP_WINDOWS_PER_MICRO_BATCH = 8  # the sweep's micro-batches hold at least 8 windows
+
+
 def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
+    """One sweep run. Micro-batches of one window (C5) or one patch (C6) are merged to
+    SWEEP_WINDOWS_PER_MICRO_BATCH windows: the same update (BatchNorm frozen, gradients summed
+    and scaled by 1/k over the same 32 windows), fewer runtime calls. Memory is not measured
+    here."""
     train, val = validation_files(user)
     out = ARTIFACTS / "runs" / sweep_name(c, lr, user)
-    return cli(*personalise_args(c, art, out, lr), "--data", str(train), "--test", str(val))
+    args = personalise_args(c, art, out, lr) + ["--data", str(train), "--test", str(val)]
+    items = SWEEP_WINDOWS_PER_MICRO_BATCH * c.items_per_window
+    if c.micro_batch < items:
+        args += ["--micro-batch", str(items),
+                 "--accumulate", str(EFFECTIVE_BATCH // SWEEP_WINDOWS_PER_MICRO_BATCH)]
+    return cli(*args)
 
 
 def stage_measure(c: StackConfig, art: str) -> dict:
@@ -441,8 +457,23 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
         minutes = (d["pretrain_time_s"] + sparse["pretrain_time_s"]) / 60
         recipes.append(f"| {net} | {r.epochs} | {r.dst_epochs} | {r.batch} | {r.lr:g} "
                        f"| {d['steps']} + {sparse['steps']} | {loss} | {minutes:.0f} |")
+    sweep = ["| population model (sweep runs on) | lr | " + " | ".join(
+        f"user {u}" for u in HELD_OUT_USERS) + " | mean | used by |",
+        "|---|---:|" + "---:|" * (len(HELD_OUT_USERS) + 1) + "---|"]
+    for rep in dict.fromkeys(c.sweep_config() for c in STACK):
+        users = [c.name for c in STACK if c.sweep_config() == rep]
+        chosen = chosen_lr(rep)
+        before = [next((r["accuracy_before"] for lr in LR_CANDIDATES
+                        if (r := saved(sweep_name(rep, lr, u)))), None) for u in HELD_OUT_USERS]
+        for lr, accs in {"before": before, **sweep_table(rep)}.items():
+            done = [a for a in accs if a is not None]
+            mean = f"{statistics.mean(done):.3f}" if len(done) == len(accs) else "–"
+            sweep.append(f"| {rep.network}{' DST' if rep.sparse else ''} ({rep.name}) "
+                         f"| {lr if lr == 'before' else f'{lr:g}'} | "
+                         + " | ".join("–" if a is None else f"{a:.3f}" for a in accs)
+                         + f" | {mean} | {', '.join(users) if lr == chosen else ''} |")
     return {"stack-table": main, "stack-breakdown": parts, "stack-accuracy": acc,
-            "stack-fit": fit, "stack-recipes": recipes}
+            "stack-fit": fit, "stack-recipes": recipes, "stack-lr": sweep}
 
 
 def plot(rs: list[dict], path: Path) -> None:

@@ -443,7 +443,8 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
            "| throughput there (windows/s) |", "|---|---:|---:|---:|"]
     for r in rs:
         tp = r["fit_throughput_windows_per_s"]
-        fit.append(f"| {r['config']} | {r['fit_max_micro_batch']} | {mb(r['fit_peak_bytes'])} "
+        n = r["fit_max_micro_batch"]
+        fit.append(f"| {r['config']} | {n or 'none: one item is over budget'} | {mb(r['fit_peak_bytes'])} "
                    f"| {'–' if tp is None else f'{tp:.1f}'} |")
     recipes = ["| network | dense epochs | DST epochs | batch | peak lr | optimizer steps "
                "| final train loss, dense → sparse | time (min) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -540,7 +540,7 @@ def headline(rs: list[dict]) -> list[str]:
         "for ≤ 3.3 points)"
     aim = ("meets" if cut >= 150 and drop <= 2 else "misses") + " the team's aim (≥ 150× for ≤ 2 points)"
     return [
-        f"**Headline (same run): C1 → C6 cuts the measured peak {cut:,.0f}× "
+        f"**Headline (one bench, every row from the same population models and recipes): C1 → C6 cuts the measured peak {cut:,.0f}× "
         f"({c1['peak_bytes']:,} → {c6['peak_bytes']:,} bytes) for an accuracy change of "
         f"{-drop:+.1f} points ({c1['accuracy_after_mean']:.3f} → "
         f"{c6['accuracy_after_mean']:.3f}, mean over users "

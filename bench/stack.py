@@ -35,11 +35,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from edgetrain.atomicfile import atomic_write, atomic_write_bytes
 from predictor import ROOT, replace_table, save_results  # bench/predictor.py
 
 EFFECTIVE_BATCH = 32  # windows per optimizer step, every configuration (the seed's C1 peak
@@ -114,9 +113,7 @@ class StackConfig:
         lr = chosen_lr(self)
         if lr is None:
             return f"{self.key()}-p-lr-pending"
-        blob = json.dumps({"personalise": {**PERSONALISE, "lr": lr},
-                           "masks": MASK_UPDATES if self.sparse else None}, sort_keys=True)
-        return f"{self.key()}-p{hashlib.sha256(blob.encode()).hexdigest()[:6]}"
+        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr})}"
 
     def sweep_config(self) -> "StackConfig":
         """The configuration whose artifact the learning-rate sweep runs for this population
@@ -147,10 +144,16 @@ def pretrain_config(network: str, sparse: bool):
                           lr=r.lr, dst=dst)
 
 
+def recipe_hash(c: StackConfig, personalise: dict, **extra) -> str:
+    """6 hex digits naming a personalisation recipe (and its mask updates on sparse models)."""
+    blob = json.dumps({"personalise": personalise,
+                       "masks": MASK_UPDATES if c.sparse else None, **extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:6]
+
+
 def sweep_name(rep: StackConfig, lr: float, user: int) -> str:
-    blob = json.dumps({"personalise": PERSONALISE, "val_fraction": VAL_FRACTION,
-                       "masks": MASK_UPDATES if rep.sparse else None}, sort_keys=True)
-    return f"lrsweep-{rep.key()}-v{hashlib.sha256(blob.encode()).hexdigest()[:6]}-lr{lr:g}-user{user}"
+    v = recipe_hash(rep, PERSONALISE, val_fraction=VAL_FRACTION)
+    return f"lrsweep-{rep.key()}-v{v}-lr{lr:g}-user{user}"
 
 
 def sweep_table(c: StackConfig) -> dict[float, list[float | None]]:
@@ -177,9 +180,7 @@ def saved(name: str) -> dict | None:
 
 def save(name: str, result: dict) -> dict:
     STATE.mkdir(parents=True, exist_ok=True)
-    tmp = STATE / f"{name}.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(STATE / f"{name}.json")
+    atomic_write_bytes(STATE / f"{name}.json", json.dumps(result, indent=2).encode())
     return result
 
 
@@ -245,10 +246,9 @@ def validation_files(user: int) -> tuple[Path, Path]:
     if not all(p.is_file() for p in paths):
         folder.mkdir(parents=True, exist_ok=True)
         split = data.validation_split(data.load_recordings(), user, VAL_FRACTION)
-        for path, (x, y) in zip(paths, split):
-            with tempfile.NamedTemporaryFile(dir=folder, suffix=".npz", delete=False) as f:
+        for path, (x, y) in zip(paths, split):  # two sweep threads may write one file
+            with atomic_write(path) as tmp, open(tmp, "wb") as f:
                 np.savez(f, x=x, y=y)
-            os.replace(f.name, path)  # two sweep threads may write the same file: same bytes
     return paths
 
 

@@ -11,14 +11,16 @@ is untouched.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 
 def temporary_name(path: Path) -> Path:
-    """Where the temporary of `path` goes; a kill leaves it behind under this pattern."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Where the temporary of `path` goes; a kill leaves it behind under this pattern. Per
+    process and thread, so two threads writing the same path never share a temporary."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
 @contextmanager

@@ -2,10 +2,11 @@
 
 Two ways to kill a personalisation, both with SIGKILL (no cleanup, no flush, nothing after it
 runs, as a power cut):
-  * at a named point in the runtime: EDGETRAIN_FAULT="<point>:<n>" in the environment makes
-    the n-th arrival at fault_point(<point>) kill the process. The points sit inside the
-    checkpoint and resume-point writes (FAULT_POINTS). Unset, as on a device, a point costs
-    one environment lookup.
+  * at a named point of the runtime (edgetrain.faultpoints.FAULT_POINTS):
+    EDGETRAIN_FAULT="<point>:<n>" in the environment of an `edgetrain` process makes the n-th
+    arrival at that point kill the process. The CLI installs `kill_at` as the runtime's
+    fault hook when the variable is set; the runtime itself never reads it.
+    At "checkpoint-torn" the temporary checkpoint is first cut to half its bytes.
   * at a random moment from outside: run_until(cmd, delay_s) kills the child after a delay.
 """
 from __future__ import annotations
@@ -17,34 +18,40 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgetrain.faultpoints import FAULT_POINTS, install_hook
+
 ENV = "EDGETRAIN_FAULT"
-FAULT_POINTS = (
-    "step",  # after an optimizer step, before any resume point of it
-    "checkpoint-tmp-written",  # ORT wrote the temporary checkpoint; not yet renamed
-    "checkpoint-torn",  # as above, with the temporary file cut to half its bytes first
-    "checkpoint-renamed",  # the checkpoint is in place; its state file is not written yet
-    "state-tmp-written",  # the state file's temporary is written; not yet renamed
-    "state-committed",  # the resume point is complete; older points not yet pruned
-)
-_arrivals: dict[str, int] = {}
+__all__ = ["ENV", "FAULT_POINTS", "install_from_env", "kill_at", "run_until", "RunOutcome"]
 
 
-def fault_point(name: str, path: str | os.PathLike | None = None) -> None:
-    """Kill this process here if EDGETRAIN_FAULT asks for the current arrival at `name`."""
-    spec = os.environ.get(ENV)
-    if not spec:
-        return
+def kill_at(spec: str):
+    """A fault hook that SIGKILLs this process at the n-th arrival at a point ("point:n")."""
     point, _, nth = spec.partition(":")
-    if point != name:
-        return
-    _arrivals[name] = _arrivals.get(name, 0) + 1
-    if _arrivals[name] != int(nth or 1):
-        return
-    if name == "checkpoint-torn" and path is not None:
-        p = Path(path)
-        with open(p, "rb+") as f:
-            f.truncate(p.stat().st_size // 2)
-    os.kill(os.getpid(), signal.SIGKILL)
+    if point not in FAULT_POINTS:
+        raise ValueError(f"{ENV}={spec!r} names no fault point; choose one of {FAULT_POINTS}")
+    target, arrivals = int(nth or 1), 0
+
+    def hook(name: str, path) -> None:
+        nonlocal arrivals
+        if name != point:
+            return
+        arrivals += 1
+        if arrivals != target:
+            return
+        if name == "checkpoint-torn" and path is not None:
+            p = Path(path)
+            with open(p, "rb+") as f:
+                f.truncate(p.stat().st_size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+def install_from_env(environ=os.environ) -> bool:
+    """Install kill_at(EDGETRAIN_FAULT) as the runtime's fault hook if the variable is set."""
+    spec = environ.get(ENV)
+    if spec:
+        install_hook(kill_at(spec))
+    return bool(spec)
 
 
 @dataclass(frozen=True)

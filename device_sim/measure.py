@@ -45,6 +45,7 @@ class Measurement:
     step_time_s: float  # median wall time of one optimizer step of `accumulation` micro-batches
     process_peak_rss_bytes: int
     torch_loaded: bool
+    threads: int  # ORT intra-op threads the runtime ran with
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,7 +100,7 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
             accumulation: int = 1, steps: int = 3, threads: int | None = None,
             timeout_s: float = 1800) -> Measurement:
     """Run the probe in a child process and read its allocator log. Raises BudgetError."""
-    from device_sim.cap import BudgetError
+    from edgetrain.budget import BudgetError
 
     if batch <= 0:
         raise ValueError(f"batch must be a positive number of samples, got {batch}")
@@ -126,7 +127,7 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                        outside_arena_bytes=outside, breakdown=per, batch=batch,
                        step_time_s=probe["step_time_s"],
                        process_peak_rss_bytes=probe["peak_rss_bytes"],
-                       torch_loaded=probe["torch_loaded"])
+                       torch_loaded=probe["torch_loaded"], threads=probe["threads"])
 
 
 def _peak_rss_bytes() -> int:
@@ -142,7 +143,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     """Child process: replay the personalisation cycle with phase marks on stderr."""
     import numpy as np
 
-    from device_sim.cap import BudgetError
+    from edgetrain.budget import BudgetError
     from edgetrain.ort_device import onnxruntime
 
     ort = onnxruntime()
@@ -195,7 +196,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({
         "step_time_s": float(np.median(times)), "peak_rss_bytes": _peak_rss_bytes(),
-        "torch_loaded": torch_loaded}))
+        "torch_loaded": torch_loaded, "threads": rt.threads}))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from device_sim.cap import BudgetError
+from edgetrain.budget import BudgetError
 
 MAX_BATCH = 4096
 

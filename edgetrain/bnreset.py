@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgetrain import names
 from edgetrain.feed import Feed
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.personalise import accuracy, evaluate
@@ -69,11 +70,11 @@ def reset_batchnorm(artifact: str | os.PathLike, train: tuple[np.ndarray, np.nda
     before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
     n = rt.reset_batchnorm(feed.inputs(items[i * b:(i + 1) * b]) for i in range(full))
     after = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
-    ckpt = rt.save_checkpoint(out / "checkpoint")
-    infer = rt.export_inference(out / "inference.onnx")
+    ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)
+    infer = rt.export_inference(out / names.RUN_INFERENCE_MODEL)
     result = ResetResult(budget_bytes=budget_bytes, samples=len(chosen), batches=n,
                          micro_batch=b, accuracy_before=before, accuracy_after=after,
                          checkpoint=str(ckpt), inference_model=str(infer),
                          torch_loaded=sys.modules.get("torch") is not None)
-    atomic_write_bytes(out / "result.json", json.dumps(result.to_dict(), indent=2).encode())
+    atomic_write_bytes(out / names.RUN_RESULT, json.dumps(result.to_dict(), indent=2).encode())
     return result

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-# The roles the runtime needs; the file names behind them come from the manifest only.
-FILE_ROLES = ("training_model", "eval_model", "optimizer_model", "checkpoint")
+# ORT intra-op threads of a plan that names none (artifacts from before the field existed).
+DEFAULT_THREADS = 2
 
 
 class ArtifactError(ValueError):
@@ -78,6 +78,9 @@ class Plan:
     checkpoints: tuple[str, ...] = ()  # forward tensors kept as segment boundaries
     recomputed: tuple[str, ...] = ()  # forward tensors rebuilt during backward
     recompute_budget_bytes: int | None = None  # the budget the "budget" planner planned for
+    # ORT intra-op threads the runtime runs with (unless told otherwise); the predicted peak
+    # is for this count, so it is the same whichever machine exported the artifact.
+    threads: int = DEFAULT_THREADS
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,11 @@ def _plan(d: dict) -> Plan:
     d = dict(d)
     for key in ("checkpoints", "recomputed"):
         d[key] = tuple(d.get(key, ()))
-    return Plan(**d)
+    plan = Plan(**d)
+    if not isinstance(plan.threads, int) or plan.threads < 1:
+        raise ArtifactError(f"manifest plan.threads is {plan.threads!r}, not a positive whole "
+                            "number of threads; re-export the artifact")
+    return plan
 
 
 def _tensor(t: dict) -> TensorSpec:
@@ -237,7 +244,7 @@ def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path} is not valid JSON ({e}); re-export the artifact") from e
     m = Manifest.from_dict(d)
-    missing = [r for r in FILE_ROLES if r not in m.files]
+    missing = [r for r in REQUIRED_ROLES if r not in m.files]
     if missing:
         raise ArtifactError(f"manifest names no file for {missing}; re-export the artifact")
     if verify:

@@ -9,12 +9,16 @@ its shape. Regrown weights start at zero (the runtime also zeroes their optimize
 Updaters (UPDATERS) differ only in their scores, as in RigL (Evci et al. 2020):
   set:  keep |w|, grow at random (Mocanu et al. 2018)
   rigl: keep |w|, grow where the dense gradient is largest (needs the mask-gradient graph)
+
+`mask_update` is the one step both sides run: the device on its checkpoint state
+(edgetrain/maskupdate.py) and host-side sparse pretraining on torch tensors
+(exporters/dst.py). The number of weights a layer drops comes from `drop_count` alone.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -98,3 +102,52 @@ def update_layer(values: np.ndarray, positions: np.ndarray, numel: int, n: int,
     positions[slots] = grown.astype(positions.dtype)
     values[slots] = 0
     return values, positions, np.sort(slots)
+
+
+def drop_count(fraction: float, nnz: int) -> int:
+    """How many of a layer's nnz kept weights one update replaces: the nearest whole number
+    to fraction x nnz. Host and device both count with this, so they drop the same number."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"drop fraction must be in [0, 1], got {fraction}")
+    return int(round(fraction * nnz))
+
+
+@dataclass
+class MaskedLayer:
+    """One masked layer as mask_update sees it. values and positions are updated in place."""
+
+    values: np.ndarray  # [nnz] kept weights
+    positions: np.ndarray  # [nnz] their indices into the flattened dense weight
+    numel: int  # the dense weight's size
+    dense_grad: np.ndarray | None = None  # [numel], for updaters that grow by the gradient
+
+
+def mask_update(layers: Mapping[str, MaskedLayer], method: str, fraction: float,
+                rng: np.random.Generator,
+                reset_moments: Callable[[dict[str, np.ndarray]], None]) -> int:
+    """Drop drop_count(fraction, nnz) weights of every layer and regrow as many (update_layer).
+
+    Each layer's values and positions change in place (regrown values are 0). Then
+    reset_moments({layer: regrown slots}) is called once, for the caller to zero those slots'
+    optimizer moments (so a regrown weight restarts from its own gradient). Layers that drop
+    nothing are left alone and draw nothing from rng. Returns the number of regrown weights."""
+    if method not in UPDATERS:
+        raise ValueError(f"unknown mask updater {method!r}; choose one of {sorted(UPDATERS)}")
+    updater = UPDATERS[method]
+    regrown: dict[str, np.ndarray] = {}
+    for key, layer in layers.items():
+        n = drop_count(fraction, len(layer.values))
+        if n == 0:
+            continue
+        if updater.needs_dense_grad and layer.dense_grad is None:
+            raise ValueError(f"mask update {method!r} needs the dense gradient of {key}")
+        values, positions, slots = update_layer(
+            layer.values, layer.positions.astype(np.int64), layer.numel, n,
+            updater.keep_score(layer.values),
+            updater.grow_score(layer.dense_grad, layer.numel, rng))
+        layer.values[...] = values
+        layer.positions[...] = positions.astype(layer.positions.dtype)
+        regrown[key] = slots
+    if regrown:
+        reset_moments(regrown)
+    return sum(len(s) for s in regrown.values())

@@ -1,4 +1,5 @@
-"""Surgery on ONNX Runtime's checkpoint file: the one place the optimizer state can be reached.
+"""ONNX Runtime's checkpoint file: written whole or not at all (save_state), and surgery on
+it, the one place the optimizer state can be reached.
 
 onnxruntime-training 1.19 keeps AdamW's moments inside its CheckpointState and exposes no
 Python handle to them; they are only written into the checkpoint, a flatbuffer
@@ -8,8 +9,14 @@ in-place write that changes no size or offset.
 """
 from __future__ import annotations
 
+import errno
+import shutil
+from pathlib import Path
+
 import numpy as np
 
+from edgetrain.atomicfile import atomic_write
+from edgetrain.faultpoints import fault_point
 from edgetrain.ort_device import onnxruntime
 
 _FLOAT = 1  # onnx TensorProto.FLOAT, as the checkpoint records data types
@@ -67,3 +74,43 @@ def optimizer_step_count(buf: bytes | bytearray) -> int:
     if ckpt.OptimizerGroupsLength() == 0:
         raise ValueError("the checkpoint holds no optimizer state")
     return int(ckpt.OptimizerGroups(0).Step())
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written whole (disk full, file too large, I/O error)."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        free = free_bytes(path.parent)
+        why = str(cause).splitlines()[0]
+        if "error:" in why:  # ORT's message ends "... error:No space left on device errno:28"
+            why = why.rsplit("error:", 1)[1].strip()
+        super().__init__(
+            f"could not write checkpoint {path}: {why}"
+            + (f" ({free:,} bytes free on that disk)" if free is not None else "")
+            + ". Nothing already saved was changed: the previous checkpoint and resume point "
+            "are intact. Free space on the disk, then run again with --resume.")
+
+
+def free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def save_state(api, state, path: Path, min_bytes: int) -> Path:
+    """Write a CheckpointState (parameters and optimizer state) to `path` atomically: a crash
+    leaves the old file. A file shorter than min_bytes (every tensor's bytes) is a failed
+    write: ORT does not always report a full disk. Raises CheckpointWriteError."""
+    with atomic_write(path) as tmp:
+        try:
+            api.CheckpointState.save_checkpoint(state, str(tmp), include_optimizer_state=True)
+            written = tmp.stat().st_size if tmp.exists() else 0
+            if written < min_bytes:
+                raise OSError(errno.ENOSPC, f"only {written} of at least {min_bytes} bytes "
+                              "reached the disk")
+        except (OSError, RuntimeError) as e:
+            raise CheckpointWriteError(Path(path), e) from e
+        fault_point("checkpoint-tmp-written")
+        fault_point("checkpoint-torn", tmp)
+    return Path(path)

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from device_sim.faults import fault_point
 from edgetrain import resume as resume_points
+from edgetrain import names
 from edgetrain.feed import Feed
+from edgetrain.faultpoints import fault_point
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.masks import UPDATERS, MaskSchedule
 from edgetrain.runtime import DeviceRuntime
@@ -201,10 +202,10 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
             if progress:
                 progress(steps, total)
     train_time = time.perf_counter() - t0
-    ckpt = rt.save_checkpoint(out / "checkpoint")
+    ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)
 
     after = agreement = None
-    infer_path = rt.export_inference(out / "inference.onnx")
+    infer_path = rt.export_inference(out / names.RUN_INFERENCE_MODEL)
     if test_feed is not None:
         logits = evaluate(rt.eval_logits, test_feed, b)
         after = accuracy(logits, test[1])
@@ -217,5 +218,5 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None,
         mask_method=schedule.method if schedule else None, mask_updates=mask_updates,
         regrown_weights=regrown, resumed_from_step=point.steps if point else None)
-    atomic_write_bytes(out / "result.json", json.dumps(result.to_dict(), indent=2).encode())
+    atomic_write_bytes(out / names.RUN_RESULT, json.dumps(result.to_dict(), indent=2).encode())
     return result

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device_sim.faults import fault_point
+from edgetrain.faultpoints import fault_point
 from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import MANIFEST_NAME, sha256_file
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from exporters.memplan import _drop_identities, _graph, forward_conv_outputs, runtime_shapes
+from edgetrain import names
+from exporters.graph import attributes, drop_identities, forward_conv_outputs, load_graph
+from exporters.predictor.shapes import runtime_shapes
 
 ADAMW_FLOPS_PER_VALUE = 12
 ADAMW_BYTES_PER_VALUE = 7 * 4
@@ -40,7 +42,7 @@ def _conv_flops(x_shape, w_shape, y_shape, group: int) -> int:
 
 
 def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
-    rows = node_costs(_graph(training_model), batch)
+    rows = node_costs(load_graph(training_model), batch)
     rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
                  ADAMW_BYTES_PER_VALUE * trained_values))
     return StepCost(batch, sum(r[2] for r in rows), sum(r[3] for r in rows), tuple(rows))
@@ -48,14 +50,14 @@ def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
 
 def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, int]]:
     """(name, op, FLOPs, bytes) of every node of the graph as ORT runs it, at `batch`."""
-    nodes = _drop_identities(model)
+    nodes, _ = drop_identities(model)
     shapes = runtime_shapes(model, batch)
     conv_out = forward_conv_outputs(nodes)
     rows = []
     for n in nodes:
         known = [shapes[x] for x in list(n.input) + list(n.output) if x in shapes]
         nbytes = sum(_numel(s) * item for s, item in known)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        attrs = attributes(n)
         group = int(attrs.get("group", 1))
         if n.op_type == "Conv" and n.output[0] in shapes:
             flops = _conv_flops(shapes[n.input[0]][0], shapes[n.input[1]][0],
@@ -77,3 +79,8 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
             flops = max((_numel(s) for s, _ in known), default=0)
         rows.append((n.name, n.op_type, int(flops), int(nbytes)))
     return rows
+
+
+def recompute_flops(cost: StepCost) -> int:
+    """FLOPs of the nodes a recompute plan copied into backward (counted, not predicted)."""
+    return sum(f for name, _, f, _ in cost.nodes if names.is_recompute_name(name))

@@ -5,9 +5,9 @@ The population model it starts from should already be sparse-trained, or pruning
 export costs most of its accuracy (docs/sparse.md, RESET table). Here a dense torch model
 trains under masks: every maskable layer keeps exactly the nnz that the exporter will keep
 (exporters.sparse.layer_nnz, the same allocation), weights and AdamW moments off the mask are
-held at zero, and every `every_steps` optimizer steps the masks move with one of
-edgetrain.masks.UPDATERS (the same drop/grow rule as on the device; RigL grows where this
-step's dense gradient is largest). Export the result with mask init `magnitude`: the kept
+held at zero, and every `every_steps` optimizer steps the masks move by
+edgetrain.masks.mask_update, the very step the device runs (the same drop count, the same
+drop/grow rule; RigL grows where this step's dense gradient is largest). Export the result with mask init `magnitude`: the kept
 weights are exactly the nonzero ones.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgetrain.masks import UPDATERS, MaskSchedule, update_layer
+from edgetrain.masks import UPDATERS, MaskedLayer, MaskSchedule, mask_update
 from exporters.sparse import layer_nnz, maskable
 
 
@@ -66,31 +66,35 @@ class TorchMasks:
                optimizer: torch.optim.Optimizer | None = None) -> int:
         """Drop `fraction` of each layer's kept weights and regrow as many; uses the dense
         gradients left in `.grad` by the last backward pass. Returns the regrown count."""
-        updater = UPDATERS[method]
-        regrown = 0
+        if method not in UPDATERS:
+            raise ValueError(f"unknown mask updater {method!r}; choose one of {sorted(UPDATERS)}")
+        needs_grad = UPDATERS[method].needs_dense_grad
+        layers = {}
         for name, layer in self.layers.items():
-            mask = self.masks[name]
-            positions = mask.nonzero().squeeze(1).numpy()
-            values = layer.weight.detach().reshape(-1).numpy()[positions]
+            positions = self.masks[name].nonzero().squeeze(1).numpy()
             grad = layer.weight.grad
-            dense_grad = grad.reshape(-1).numpy() if grad is not None else None
-            if updater.needs_dense_grad and dense_grad is None:
+            if needs_grad and grad is None:
                 raise ValueError(f"mask update {method!r} needs the dense gradient of {name}; "
                                  "call it after backward()")
-            n = int(fraction * len(positions))
-            _, new_positions, slots = update_layer(
-                values, positions, mask.numel(), n, updater.keep_score(values),
-                updater.grow_score(dense_grad, mask.numel(), rng))
-            new = torch.zeros_like(mask)
-            new[torch.from_numpy(new_positions.astype(np.int64))] = True
-            grown = torch.from_numpy(new_positions[slots].astype(np.int64))
-            layer.weight.view(-1)[grown] = 0  # regrown weights and their moments restart at 0
-            state = optimizer.state.get(layer.weight, {}) if optimizer is not None else {}
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in state:
-                    state[key].view(-1)[grown] = 0
-            self.masks[name] = new
-            regrown += len(slots)
+            layers[name] = MaskedLayer(
+                layer.weight.detach().reshape(-1).numpy()[positions], positions,
+                layer.weight.numel(), grad.reshape(-1).numpy() if grad is not None else None)
+
+        def restart(regrown: dict[str, np.ndarray]) -> None:
+            """New masks; regrown weights and their AdamW moments restart at 0."""
+            for name, slots in regrown.items():
+                weight, positions = self.layers[name].weight, layers[name].positions
+                new = torch.zeros_like(self.masks[name])
+                new[torch.from_numpy(positions.astype(np.int64))] = True
+                self.masks[name] = new
+                grown = torch.from_numpy(positions[slots].astype(np.int64))
+                weight.view(-1)[grown] = 0
+                state = optimizer.state.get(weight, {}) if optimizer is not None else {}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if key in state:
+                        state[key].view(-1)[grown] = 0
+
+        regrown = mask_update(layers, method, fraction, rng, restart)
         self.apply(optimizer)  # dropped weights leave the model now, not after the next step
         return regrown
 

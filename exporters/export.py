@@ -23,18 +23,13 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from edgetrain.manifest import (SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry)
-from exporters.memplan import predict_memory
+from edgetrain import names
+from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
+from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from exporters.predictor import predict
 from exporters.recompute import plan_and_rewrite
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
 from exporters.sparse import sparsify
-
-FILES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
-         "optimizer_model": "optimizer_model.onnx", "checkpoint": "checkpoint"}
-# Written when the model has masks / BatchNorm layers (exporters/sidegraphs.py).
-SIDE_FILES = {"mask_grad_model": "mask_grad_model.onnx",
-              "batchnorm_stats_model": "batchnorm_stats_model.onnx"}
-INPUT_NAME, LOGITS_NAME, LABEL_NAME = "input", "logits", "labels"
 
 
 def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: str | Path, *,
@@ -109,32 +104,35 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
             artifact_directory=tmp, additional_output_names=[LOGITS_NAME])
         for role, name in FILES.items():
             (out / name).write_bytes((Path(tmp) / name).read_bytes())
-    _fix_eval_batchnorm(out / FILES["eval_model"])
+    _fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     sample_shape = tuple(int(d) for d in example_input.shape[1:])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
 
     def predicted_peak() -> int:
-        return predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch,
-                              FILES)["peak_bytes"]
+        return predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
+                       plan.threads).peak_bytes
 
-    rplan = plan_and_rewrite(str(out / FILES["training_model"]), recompute,
+    rplan = plan_and_rewrite(str(out / FILES[names.TRAINING_MODEL]), recompute,
                              batch=plan.micro_batch, budget_bytes=recompute_budget_bytes,
                              predict_file_peak=predicted_peak)
     plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                recomputed=rplan.recomputed,
                                recompute_budget_bytes=recompute_budget_bytes)
-    optimizer = _optimizer_settings(out / FILES["optimizer_model"], lr)
+    optimizer = _optimizer_settings(out / FILES[names.OPTIMIZER_MODEL], lr)
     files = dict(FILES)
     if masks:
-        files["mask_grad_model"] = SIDE_FILES["mask_grad_model"]
-        write_mask_grad_model(out / FILES["training_model"], masks, out / files["mask_grad_model"])
-    if write_batchnorm_stats_model(model, example_input, out / SIDE_FILES["batchnorm_stats_model"],
-                                   set(trainable + frozen), INPUT_NAME):
-        files["batchnorm_stats_model"] = SIDE_FILES["batchnorm_stats_model"]
+        files[names.MASK_GRAD_MODEL] = SIDE_FILES[names.MASK_GRAD_MODEL]
+        write_mask_grad_model(out / FILES[names.TRAINING_MODEL], masks,
+                              out / files[names.MASK_GRAD_MODEL])
+    stats = SIDE_FILES[names.BATCHNORM_STATS_MODEL]
+    if write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),
+                                   INPUT_NAME):
+        files[names.BATCHNORM_STATS_MODEL] = stats
 
-    predicted = predict_memory(out, trainable_specs, frozen_specs, plan.micro_batch, FILES)
+    predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
+                        plan.threads).to_dict()
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,
         files={role: file_entry(out, name) for role, name in files.items()},
@@ -201,7 +199,8 @@ def _native_stderr_captured():
 def _export(model: torch.nn.Module, example_input: torch.Tensor, buf: io.BytesIO) -> None:
     torch.onnx.export(model, (example_input,), buf, input_names=[INPUT_NAME],
                       output_names=[LOGITS_NAME],
-                      dynamic_axes={INPUT_NAME: {0: "batch"}, LOGITS_NAME: {0: "batch"}},
+                      dynamic_axes={INPUT_NAME: {0: names.BATCH_AXIS},
+                                    LOGITS_NAME: {0: names.BATCH_AXIS}},
                       opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, dynamo=False)
 

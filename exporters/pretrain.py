@@ -30,6 +30,10 @@ from exporters.export import export_artifact
 from exporters.networks import build_network
 
 CACHE_VERSION = 1  # bump when pretraining code changes what it produces
+# Bump when the sparse (DST) epochs change what they produce; only keys with `dst` carry it.
+# 2: the mask update is edgetrain.masks.mask_update, dropping round(fraction x nnz) weights
+#    per layer as the device does (1 dropped int(fraction x nnz)).
+DST_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,13 @@ class PretrainConfig:
         return tuple(sorted({self.holdout_user, *self.also_held_out}))
 
 
-def _key(cfg: PretrainConfig) -> str:
+def cache_key(cfg: PretrainConfig) -> str:
     fields = asdict(cfg)
     for name in ("also_held_out", "dst"):  # absent when unused: older cache keys stay valid
         if not fields[name]:
             del fields[name]
+    if cfg.dst is not None:
+        fields["dst_version"] = DST_VERSION
     blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -73,7 +79,7 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
                "holdout_user": cfg.holdout_user, "held_out_users": list(cfg.held_out),
                "windows": int(len(yw)), "channel_mean": mean, "channel_scale": scale,
                "config": asdict(cfg)}
-    cached = cache_dir / f"{cfg.model}-{_key(cfg)}.pt" if cache_dir else None
+    cached = cache_dir / f"{cfg.model}-{cache_key(cfg)}.pt" if cache_dir else None
     if cached is not None and cached.is_file():
         blob = torch.load(cached, weights_only=False)
         model.load_state_dict(blob["state_dict"])

@@ -18,7 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from exporters.memplan import _graph, plan_step, runtime_shapes, without_identities  # noqa: E402
+from exporters.graph import load_graph, without_identities  # noqa: E402
+from exporters.predictor.plan import plan_step  # noqa: E402
+from exporters.predictor.shapes import runtime_shapes  # noqa: E402
 from exporters.recompute import analyse  # noqa: E402
 
 COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
@@ -61,7 +63,7 @@ def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: i
 
 
 def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400) -> Path:
-    model, _ = without_identities(_graph(training_model))
+    model, _ = without_identities(load_graph(training_model))
     shapes = runtime_shapes(model, batch)
     fwd = analyse(model)  # forward nodes that depend on the data, and what backward reads
     nodes = fwd.nodes[:max_nodes]

@@ -25,43 +25,9 @@ import onnx
 import torch
 from torch import nn
 
+from edgetrain import names
 from edgetrain.manifest import MaskSpec
-
-
-def dense_grad_name(mask: MaskSpec) -> str:
-    return f"{mask.weight}_grad"
-
-
-def _ancestors(targets: list[str], nodes: list) -> list:
-    """The nodes that compute `targets`, in an order where producers come first. The graph's
-    own list need not be ordered (recompute copies are appended at its end)."""
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    kept, stack = set(), list(targets)
-    while stack:
-        k = producer.get(stack.pop())
-        if k is None or k in kept:
-            continue
-        kept.add(k)
-        stack.extend(i for i in nodes[k].input if i)
-    order, done = [], set()
-
-    def visit(k: int) -> None:  # depth-first post-order: inputs' producers first
-        stack = [(k, False)]
-        while stack:
-            j, expanded = stack.pop()
-            if j in done:
-                continue
-            if expanded:
-                done.add(j)
-                order.append(nodes[j])
-                continue
-            stack.append((j, True))
-            stack.extend((producer[i], False) for i in nodes[j].input
-                         if i in producer and producer[i] in kept and producer[i] not in done)
-
-    for k in sorted(kept):
-        visit(k)
-    return order
+from exporters.graph import ancestors
 
 
 def write_mask_grad_model(training_path: Path, masks: tuple[MaskSpec, ...], out: Path) -> None:
@@ -71,19 +37,20 @@ def write_mask_grad_model(training_path: Path, masks: tuple[MaskSpec, ...], out:
     producer = {o: n for n in g.node for o in n.output}
     outputs = []
     for mask in masks:
-        grad_of_values = producer.get(f"{mask.values}_grad")
+        grad_of_values = producer.get(names.grad_name(mask.values))
         if grad_of_values is None or grad_of_values.op_type != "GatherElements":
             raise ValueError(f"the training graph computes no gradient of {mask.values!r} by "
                              "GatherElements; the sparse layer was exported differently")
         dense = grad_of_values.input[0]  # [numel]: gradient of the flattened dense weight
-        outputs.append(onnx.helper.make_node("Identity", [dense], [dense_grad_name(mask)],
+        outputs.append(onnx.helper.make_node("Identity", [dense], [names.grad_name(mask.weight)],
                                              name=f"{mask.weight}/dense_grad"))
-    keep = _ancestors([o.input[0] for o in outputs], list(g.node))
+    keep = ancestors([o.input[0] for o in outputs], list(g.node))
     needed = {i for n in keep for i in n.input if i} | {o.input[0] for o in outputs}
     inits = [i for i in g.initializer if i.name in needed]
     inputs = [i for i in g.input if i.name in needed]
     value_info = [v for v in g.value_info if v.name in needed]
-    graph_outputs = [onnx.helper.make_tensor_value_info(dense_grad_name(m), onnx.TensorProto.FLOAT,
+    graph_outputs = [onnx.helper.make_tensor_value_info(names.grad_name(m.weight),
+                                                        onnx.TensorProto.FLOAT,
                                                         [m.numel]) for m in masks]
     new = onnx.helper.make_graph(keep + outputs, "mask_grad", inputs, graph_outputs, inits,
                                  value_info=value_info)
@@ -135,37 +102,38 @@ def write_batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, o
 
     `model` is the module exactly as exported (masked layers, frozen BatchNorm and all);
     initializers named in `state_names` become graph inputs the runtime feeds."""
-    names = batchnorm_layers(model)
-    if not names:
+    layers = batchnorm_layers(model)
+    if not layers:
         return []
     model = copy.deepcopy(model).eval()
     record: list = []
-    for name in names:
+    for name in layers:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, BatchStatsNorm(getattr(parent, child), name, record))
-    outputs = ["logits"] + [f"{n}.{s}" for n in names for s in ("running_mean", "running_var")]
+    outputs = [names.LOGITS_NAME] + [t for n in layers for t in names.running_stat_names(n)]
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(_WithStats(model, record), (example_input,), buf,
                           input_names=[input_name], output_names=outputs,
-                          dynamic_axes={input_name: {0: "batch"}, "logits": {0: "batch"}},
+                          dynamic_axes={input_name: {0: names.BATCH_AXIS},
+                                        names.LOGITS_NAME: {0: names.BATCH_AXIS}},
                           opset_version=17, do_constant_folding=False, dynamo=False)
     m = onnx.load_from_string(buf.getvalue())
     _initializers_to_inputs(m, state_names)
     onnx.save(m, str(out))
-    return names
+    return layers
 
 
-def _initializers_to_inputs(m: onnx.ModelProto, names: set[str]) -> None:
+def _initializers_to_inputs(m: onnx.ModelProto, state_names: set[str]) -> None:
     """The artifact's own tensors are fed at run time, not stored in this graph. The export
     wraps the model, so its tensors carry a `model.` prefix that is removed here."""
     g = m.graph
     rename = {}
     for init in list(g.initializer):
         plain = init.name.removeprefix("model.")
-        if plain not in names:
+        if plain not in state_names:
             continue
         rename[init.name] = plain
         g.input.append(onnx.helper.make_tensor_value_info(plain, init.data_type, list(init.dims)))

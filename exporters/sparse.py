@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgetrain import names
 from edgetrain.manifest import MaskSpec
 
-VALUES_SUFFIX, POSITIONS_SUFFIX = "weight_values", "weight_positions"
+# SparseWeight's attribute names are the contract's suffixes (edgetrain/names.py).
+assert (names.VALUES_SUFFIX, names.POSITIONS_SUFFIX) == ("weight_values", "weight_positions")
 
 
 class SparseWeight(nn.Module):
@@ -165,7 +167,6 @@ def sparsify(model: nn.Module, density: float, allocation: str = "erk",
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, cls(layer, positions))
-        prefix = f"{name}." if name else ""
-        specs.append(MaskSpec(f"{prefix}weight", shape, nnz, f"{prefix}{VALUES_SUFFIX}",
-                              f"{prefix}{POSITIONS_SUFFIX}"))
+        weight, values, positions = names.mask_tensor_names(name)
+        specs.append(MaskSpec(weight, shape, nnz, values, positions))
     return model, tuple(specs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from device_sim.cap import (RUNTIME_SCALAR_BYTES, BudgetError, BudgetSplit, arena_rounded,
+from edgetrain.budget import (RUNTIME_SCALAR_BYTES, BudgetError, BudgetSplit, arena_rounded,
                             budget_error_from)
 from device_sim.measure import MARK, parse_arena_log
 from device_sim.profiles import PROFILES, get_profile

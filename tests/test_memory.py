@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import cli, tiny_data
-from device_sim.cap import ARENA_CHUNK_BYTES, RUNTIME_SCALAR_BYTES
+from edgetrain.budget import ARENA_CHUNK_BYTES, RUNTIME_SCALAR_BYTES
 from edgetrain.manifest import load_manifest
 
 

@@ -7,7 +7,12 @@ import onnx
 
 from conftest import cli, device_python
 from edgetrain.manifest import load_manifest
-from exporters.memplan import _drop_identities, _graph, execution_order, plan_step
+import pytest
+
+import exporters.predictor as predictor
+from exporters.graph import drop_identities, execution_order, load_graph
+from exporters.predictor.plan import plan_step
+from exporters.predictor.scratch import scratch_bytes
 
 SCALAR_OPS = {"Shape", "Size"}  # ORT may schedule these earlier; they hold a few bytes
 
@@ -24,7 +29,7 @@ api.Module({str(tiny_artifact / 'training_model.onnx')!r}, st, None, session_opt
 print(json.dumps({{}}))
 """)
     ort_order = [n.name for n in onnx.load(str(opt)).graph.node if n.op_type not in SCALAR_OPS]
-    nodes = _drop_identities(_graph(str(tiny_artifact / "training_model.onnx")))
+    nodes, _ = drop_identities(load_graph(str(tiny_artifact / "training_model.onnx")))
     mine = [nodes[i].name for i in execution_order(nodes) if nodes[i].op_type not in SCALAR_OPS]
     assert mine == ort_order
 
@@ -51,8 +56,6 @@ def test_activation_plan_grows_with_batch_and_packs_above_live_peak(tiny_artifac
 
 def test_scratch_replay_by_hand(tiny_artifact):
     """Tiny net: conv 3->4, 3x3, pad 1 on 8x8; one ConvGrad (dW only); head Linear 4->3."""
-    from exporters.memplan import scratch_bytes
-
     path = str(tiny_artifact / "training_model.onnx")
     # forward Conv: K = 27, 64 pixels, 4 filters -> complexity 6912 -> 1 thread x 16384 floats
     mlas = 1 * 16384 * 4
@@ -60,3 +63,27 @@ def test_scratch_replay_by_hand(tiny_artifact):
     # both fit in the MLAS region, freed by then; weight gradients (at most 432 B) fit too
     assert scratch_bytes(path, batch=4, threads=2) == mlas
     assert scratch_bytes(path, batch=64, threads=2) == mlas  # independent of the batch
+
+
+
+def test_prediction_is_for_the_plans_threads_not_the_exporting_machine(tiny_artifact, monkeypatch):
+    """The manifest's prediction is for plan.threads; the machine's CPU count plays no part."""
+    m = load_manifest(tiny_artifact)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    again = predictor.predict_manifest(tiny_artifact, m, m.plan.micro_batch)
+    assert again.threads == m.plan.threads == m.predicted["threads"]
+    assert again.peak_bytes == m.predicted["peak_bytes"]
+    # MLAS's conv buffer is per thread: 1 thread of 16384 floats here (see the replay above),
+    # so a 1-thread prediction cannot exceed the plan's
+    one = predictor.predict_manifest(tiny_artifact, m, m.plan.micro_batch, threads=1)
+    assert one.threads == 1 and one.peak_bytes <= again.peak_bytes
+
+
+def test_predictor_refuses_an_onnxruntime_it_does_not_model(tiny_artifact, monkeypatch):
+    m = load_manifest(tiny_artifact)
+    monkeypatch.setattr(predictor, "installed_ort_version", lambda: "1.20.0")
+    with pytest.raises(predictor.UnsupportedRuntimeError, match=r"1\.19\.2.*1\.20\.0"):
+        predictor.predict_manifest(tiny_artifact, m, 4)
+    monkeypatch.setattr(predictor, "installed_ort_version", lambda: None)
+    with pytest.raises(predictor.UnsupportedRuntimeError, match="no onnxruntime"):
+        predictor.predict_manifest(tiny_artifact, m, 4)

@@ -11,8 +11,9 @@ from conftest import device_python
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
 from exporters.cost import node_costs
-from exporters.memplan import _nbytes, tensor_shapes, without_identities
-from exporters.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel, _is_backward,
+from exporters.graph import is_backward, without_identities
+from exporters.predictor.shapes import nbytes, tensor_shapes
+from exporters.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel,
                                  analyse, budget_for_peak, headroom_bytes, make_plan)
 
 
@@ -55,7 +56,7 @@ def test_sqrt_recompute_keeps_gradients_and_drops_saved_tensors(tmp_path):
     copies = [n for n in graph.node if n.name.endswith("_recompute")]
     assert copies, "no recompute nodes written"
     # backward reads the copies, no longer the recomputed originals
-    read_by_backward = {x for n in graph.node if _is_backward(n) for x in n.input}
+    read_by_backward = {x for n in graph.node if is_backward(n) for x in n.input}
     assert not set(sqrt_m.plan.recomputed) & read_by_backward
     assert {f"{t}_recompute" for t in sqrt_m.plan.recomputed} <= read_by_backward
     a, b = one_step_gradients(none_art), one_step_gradients(sqrt_art)
@@ -107,7 +108,7 @@ def test_budget_plan_fits_and_costs_no_more_than_sqrt(tmp_path):
     assert sqrt_peak < none_peak - (2 << 20)
     model = without_identities(onnx.load(str(tmp_path / "none" / "training_model.onnx")))[0]
     seg = SegmentModel(analyse(model), PlanRequest(
-        tensor_bytes={t: _nbytes(s) for t, s in tensor_shapes(model, 8).items()},
+        tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, 8).items()},
         node_flops={n: f for n, _, f, _ in node_costs(model, 8)}))
     for budget in (budget_for_peak(sqrt_peak), (budget_for_peak(sqrt_peak) + none_peak) // 2):
         m = export_wide(tmp_path / str(budget), "budget", budget)
@@ -193,7 +194,7 @@ def test_masked_weights_are_rebuilt_in_backward_with_the_same_gradients(tmp_path
     assert manifests["none"].plan.recomputed == ()
     graph = onnx.load(str(arts["sqrt"] / "training_model.onnx")).graph
     producer = {o: n for n in graph.node for o in n.output}
-    late = {n.name for n in graph.node if _is_backward(n) or n.name.endswith("_recompute")
+    late = {n.name for n in graph.node if is_backward(n) or n.name.endswith("_recompute")
             or n.op_type == "PassThrough" or "remat" in n.name}
     data = {"input"}
     for n in graph.node:  # topological order

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import cli
-from device_sim.cap import BudgetError
+from edgetrain.budget import BudgetError
 from device_sim.scenario import largest_batch, largest_predicted
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from conftest import cli, device_python
-from device_sim.cap import arena_rounded
+from edgetrain.budget import arena_rounded
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
 from exporters.sparse import ALLOCATIONS, INITS, SparseWeight, sparsify

@@ -1,4 +1,6 @@
-"""A hard cap on the bytes ONNX Runtime may allocate for training, split from one budget.
+"""The runtime's memory budget: a hard cap on the bytes ONNX Runtime may allocate for
+training, split from one budget, and ORT's out-of-memory errors translated into BudgetError.
+A real watch needs this as much as the simulator does: it belongs to the runtime.
 
 Where ORT 1.19.2's training API puts its bytes (measured, see docs/concepts.md):
   * checkpoint tensors (trainable and frozen parameters): one private BFC arena per tensor,
@@ -61,6 +63,11 @@ class BudgetSplit:
                 f"({state_bytes} bytes, plus {RUNTIME_SCALAR_BYTES} of runtime scalars); "
                 f"no step can run. Try {FIXES}.", budget_bytes, fixed + ARENA_CHUNK_BYTES)
         return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, budget_bytes - fixed)
+
+
+def state_bytes(tensors) -> int:
+    """Bytes the checkpoint tensors (TensorSpecs) occupy once loaded: one arena chunk each."""
+    return sum(arena_rounded(t.nbytes) for t in tensors)
 
 
 def install_arena(ort, cap_bytes: int | None) -> None:

@@ -1,0 +1,67 @@
+"""What `edgetrain measure` and `edgetrain fit` report: the runtime's measured peak beside the
+static prediction, the step's counted cost and a roofline time on a device profile; and the
+largest batch that trains under a budget. Pure functions over an artifact folder, each
+returning plain data; the CLI only prints them. Host side: the prediction reads the graphs
+with onnx, the measurement runs in its own torch-free child process.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from device_sim.measure import measure
+from device_sim.profiles import get_profile
+from device_sim.scenario import FitResult, largest_batch
+from edgetrain import names
+from edgetrain.manifest import load_manifest
+from exporters.cost import recompute_flops, step_cost
+from exporters.predictor import predict_manifest
+
+COVERS = ("every byte ONNX Runtime allocates for the training working set: parameters, "
+          "gradients, optimizer state, activations and temporaries, runtime scalars; not the "
+          "interpreter or input batches (see process_peak_rss_bytes)")
+
+
+def measure_report(artifact: str | Path, batch: int, *, device: str | None = None,
+                   budget_bytes: int | None = None, accumulate: int = 1, steps: int = 3,
+                   threads: int | None = None, plot_dir: str | Path | None = None) -> dict:
+    """Measure the training cycle at `batch` (capped at budget_bytes if given) and put the
+    prediction for the same thread count, the step's cost and recompute overhead beside it.
+    plot_dir: also draw timeline.png and graph.png there (needs matplotlib).
+    Raises BudgetError (does not fit), ArtifactError or ValueError (bad input)."""
+    manifest = load_manifest(artifact)
+    r = measure(artifact, batch, budget_bytes, accumulate, steps, threads)
+    pred = predict_manifest(artifact, manifest, batch, r.threads)
+    train = str(Path(artifact) / manifest.files[names.TRAINING_MODEL].path)
+    cost = step_cost(train, batch, sum(t.nbytes // 4 for t in manifest.trainable))
+    device_time = None
+    if device:
+        p = get_profile(device)
+        device_time = cost.predicted_time_s(p.compute_flops_per_s, p.memory_bandwidth_bytes_per_s)
+    extra = recompute_flops(cost)
+    doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
+           **r.to_dict(), "predicted_peak_bytes": pred.peak_bytes,
+           "predicted_breakdown": pred.breakdown, "predicted_threads": pred.threads,
+           "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,
+           "recompute": {"planner": manifest.plan.recompute,
+                         "checkpoints": list(manifest.plan.checkpoints),
+                         "recomputed": list(manifest.plan.recomputed), "extra_flops": extra,
+                         "extra_flops_ratio": round(extra / max(1, cost.flops - extra), 4)},
+           "predicted_device_step_time_s": device_time, "covers": COVERS}
+    if plot_dir:
+        from exporters.report import plot_graph, plot_timeline  # matplotlib: only when asked
+
+        out = Path(plot_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        doc["plots"] = [str(plot_timeline(train, batch, r.breakdown, r.peak_bytes,
+                                          budget_bytes, out)),
+                        str(plot_graph(train, batch, out))]
+    return doc
+
+
+def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitResult:
+    """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
+    confirm (device_sim/scenario.py)."""
+    manifest = load_manifest(artifact)
+    return largest_batch(lambda b: predict_manifest(artifact, manifest, b).peak_bytes,
+                         lambda b: measure(artifact, b, budget_bytes, steps=steps),
+                         budget_bytes)

@@ -1,0 +1,30 @@
+"""The `edgetrain` command line: each command parses, calls one tested function, prints.
+
+  export_cmd.py   export                      host side: imports torch inside the command
+  train_cmd.py    personalise, reset-bn       device side: never loads torch
+  measure_cmd.py  devices, measure, fit       the simulator drives the runtime from outside
+Byte sizes such as "15MB" or "8MiB" are parsed here (common.py) and nowhere else. This
+sub-package is the one place on the device side that may import exporters and device_sim
+(tests/test_layering.py); host-only imports happen inside the commands that need them.
+"""
+from __future__ import annotations
+
+import click
+
+from device_sim.faults import install_from_env
+from edgetrain.cli.common import parse_bytes
+from edgetrain.cli.export_cmd import export
+from edgetrain.cli.measure_cmd import devices, fit, measure
+from edgetrain.cli.train_cmd import personalise, reset_bn
+
+__all__ = ["main", "parse_bytes"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """On-device training for wearables: export, personalise and measure under a RAM budget."""
+    install_from_env()  # EDGETRAIN_FAULT: the simulator's fault injection (device_sim/faults)
+
+
+for command in (devices, export, personalise, reset_bn, measure, fit):
+    main.add_command(command)

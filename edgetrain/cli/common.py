@@ -1,0 +1,104 @@
+"""What every `edgetrain` command shares: byte sizes parsed from text ("15MB", "8MiB"), the
+budget options, exit statuses, errors printed without a traceback, progress bars.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+
+import click
+
+from device_sim.profiles import PROFILES, get_profile
+from edgetrain.budget import BudgetError
+from edgetrain.manifest import ArtifactError
+from edgetrain.ortcheckpoint import CheckpointWriteError
+
+EXIT_BAD_INPUT = 2
+EXIT_BUDGET = 3
+EXIT_DISK = 4  # a checkpoint could not be written (disk full, I/O error)
+UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+         "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """'8692224', '15MB' (10^6), '15MiB' (2^20), '1.5GiB' -> bytes."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise click.BadParameter(f"{text!r} is not a byte size; write e.g. 8692224, 15MB or 16MiB")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+class Bytes(click.ParamType):
+    name = "BYTES"
+
+    def convert(self, value, param, ctx):
+        return value if isinstance(value, int) else parse_bytes(value)
+
+
+def fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def resolve_budget(device: str | None, budget: int | None) -> tuple[str | None, int | None]:
+    """(device, budget_bytes) from --device or --budget (at most one of them)."""
+    if device and budget is not None:
+        raise click.UsageError("give --device or --budget, not both")
+    if device:
+        return device, get_profile(device).ram_budget_bytes
+    return None, budget
+
+
+def device_option(help_text: str = "Device profile (budget)."):
+    return click.option("--device", type=click.Choice(sorted(PROFILES)), help=help_text)
+
+
+def budget_option(help_text: str = "RAM budget, e.g. 15MB or 8692224."):
+    return click.option("--budget", type=Bytes(), help=help_text)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@contextlib.contextmanager
+def exit_on_device_errors():
+    """A budget too small exits 3; a full disk exits 4; a bad artifact, bad data or bad
+    argument exits 2."""
+    try:
+        yield
+    except BudgetError as e:
+        fail(str(e), EXIT_BUDGET)
+    except CheckpointWriteError as e:
+        fail(str(e), EXIT_DISK)
+    except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors
+        fail(str(e), EXIT_BAD_INPUT)
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n:,} bytes ({n / 2**20:.2f} MiB)"
+
+
+class Progress:
+    """A tqdm bar on stderr for long work, or nothing."""
+
+    def __init__(self, enabled: bool, desc: str = "personalise"):
+        self.enabled, self.desc, self.bar = enabled, desc, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from tqdm import tqdm
+
+        def update(done: int, total: int) -> None:
+            if self.bar is None:
+                self.bar = tqdm(total=total, desc=self.desc, unit="step", file=sys.stderr,
+                                disable=None, mininterval=1.0)
+            self.bar.n = done
+            self.bar.refresh()
+        return update
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        return False

@@ -1,0 +1,84 @@
+"""`edgetrain export`: pretrain a population model (cached) and export it (host side)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from edgetrain.cli.common import (EXIT_BAD_INPUT, budget_option, device_option, fail, json_option,
+                                  mib, resolve_budget)
+from edgetrain.data import DataError
+from edgetrain.manifest import DEFAULT_THREADS
+
+
+@click.command()
+@click.option("--model", "model_name", required=True, help="Network name: patch_mobilenet, mobilenet_v1.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Artifact folder.")
+@click.option("--width", type=float, default=None, help="Width multiplier (default per network).")
+@click.option("--holdout-user", type=int, default=10, show_default=True,
+              help="Subject left out of population pretraining (personalise on this one).")
+@click.option("--micro-batch", type=int, default=8, show_default=True)
+@click.option("--accumulate", type=int, default=1, show_default=True,
+              help="Micro-batches summed per optimizer step.")
+@click.option("--threads", type=click.IntRange(min=1), default=DEFAULT_THREADS, show_default=True,
+              help="ORT intra-op threads the device will run with (recorded in the plan; the "
+                   "predicted peak is for this count).")
+@click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
+@click.option("--lr", type=float, default=3e-4, show_default=True, help="On-device learning rate.")
+@click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
+@click.option("--recompute", type=click.Choice(["none", "sqrt", "budget"]), default="none",
+              show_default=True, help="Recompute plan written into the training graph; "
+              "budget: the cheapest plan predicted to fit --budget or --device.")
+@device_option("Budget from a device profile.")
+@budget_option("Byte budget for --recompute budget, e.g. 64MiB.")
+@click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+              show_default=True, help="Kept fraction of Conv/Linear weights (1.0 = dense).")
+@click.option("--mask-allocation", type=click.Choice(["erk", "global", "uniform"]),
+              default="erk", show_default=True,
+              help="Per-layer densities: ERK, one global magnitude threshold, or uniform.")
+@click.option("--mask-init", type=click.Choice(["magnitude", "random"]), default="magnitude",
+              show_default=True, help="Which weights the first mask keeps.")
+@json_option
+def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
+           no_cache, recompute, device, budget, density, mask_allocation, mask_init, as_json):
+    """Pretrain a population model (cached) and export it as an artifact folder."""
+    from pathlib import Path
+
+    import torch
+
+    import onnxruntime
+
+    from edgetrain.manifest import Plan
+    from exporters.pretrain import PretrainConfig, export_named
+
+    onnxruntime.set_default_logger_severity(3)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    _, budget_bytes = resolve_budget(device, budget)
+    if (recompute == "budget") != (budget_bytes is not None):
+        raise click.UsageError("--recompute budget needs --budget or --device, and they only "
+                               "apply to it")
+    try:
+        cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
+                             epochs=epochs)
+        plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
+        m = export_named(cfg, out, plan, lr=lr,
+                         cache_dir=None if no_cache else Path(".cache/pretrain"),
+                         show_progress=not as_json, recompute=recompute,
+                         recompute_budget_bytes=budget_bytes, density=density,
+                         mask_allocation=mask_allocation, mask_init=mask_init)
+    except (ValueError, DataError) as e:
+        fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps(m.to_dict(), indent=2))
+        return
+    click.echo(f"exported {m.model} to {out}: {len(m.trainable)} trainable tensors "
+               f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
+    click.echo(f"predicted peak at micro-batch {m.predicted['batch']} with {m.plan.threads} "
+               f"threads (a prediction): {mib(m.predicted['peak_bytes'])}")
+    if m.masks:
+        kept = sum(k.nnz for k in m.masks)
+        click.echo(f"sparse: {len(m.masks)} masked weights keep {kept:,} of "
+                   f"{sum(k.numel for k in m.masks):,} values ({mask_allocation}, {mask_init})")
+    if m.plan.recompute != "none":
+        click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
+                   f"{len(m.plan.recomputed)} tensors recomputed in backward")

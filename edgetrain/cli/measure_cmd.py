@@ -1,0 +1,110 @@
+"""`edgetrain devices`, `measure` and `fit`: the simulator drives the runtime from outside and
+reports (device_sim/reports.py); these commands only parse and print."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from device_sim.profiles import PROFILES
+from edgetrain.cli.common import (EXIT_BAD_INPUT, EXIT_BUDGET, budget_option, device_option, fail,
+                                  json_option, mib, resolve_budget)
+from edgetrain.budget import BudgetError
+from edgetrain.manifest import ArtifactError
+
+
+@click.command()
+@json_option
+def devices(as_json):
+    """List the device profiles and their RAM budgets for training."""
+    if as_json:
+        click.echo(json.dumps({n: vars(p) for n, p in PROFILES.items()}, indent=2))
+        return
+    for p in PROFILES.values():
+        click.echo(f"{p.name:18s} {p.ram_budget_bytes / 2**20:8.1f} MiB  {p.description}")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--batch", type=int, required=True, help="Micro-batch (samples per step).")
+@device_option("Run capped at this profile.")
+@budget_option("Run capped at this many bytes.")
+@click.option("--accumulate", type=int, default=1, show_default=True)
+@click.option("--steps", type=int, default=3, show_default=True, help="Timed optimizer steps.")
+@click.option("--threads", type=int, default=None,
+              help="ORT intra-op threads (default: the artifact's plan).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
+              help="Write timeline.png and graph.png into this folder.")
+@json_option
+def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, as_json):
+    """Measure the peak bytes of training, from the runtime's own allocator."""
+    from device_sim.reports import measure_report  # host side: reads the graphs with onnx
+
+    device, budget_bytes = resolve_budget(device, budget)
+    try:
+        doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
+                             accumulate=accumulate, steps=steps, threads=threads,
+                             plot_dir=plot_dir)
+    except BudgetError as e:
+        fail(str(e), EXIT_BUDGET)
+    except (ArtifactError, ValueError) as e:
+        fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    peak = doc["peak_bytes"]
+    click.echo(f"device: {device or 'uncapped'}  budget: {mib(budget_bytes)}")
+    click.echo(f"measured peak at batch {batch}: {mib(peak)}"
+               + ("" if budget_bytes is None else
+                  f"  ({'within' if peak <= budget_bytes else 'OVER'} budget)"))
+    for k, v in doc["breakdown"].items():
+        click.echo(f"  {k:16s} {v:>14,}   predicted {doc['predicted_breakdown'][k]:>14,}")
+    rc = doc["recompute"]
+    if rc["recomputed"]:
+        click.echo(f"recompute ({rc['planner']}): {len(rc['recomputed'])} tensors rebuilt in "
+                   f"backward from {len(rc['checkpoints'])} checkpoints, "
+                   f"+{rc['extra_flops_ratio']:.0%} FLOPs per step")
+    err = (doc["predicted_peak_bytes"] - peak) / peak
+    click.echo(f"predicted peak (static graph plan, {doc['predicted_threads']} threads): "
+               f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)")
+    device_time = doc["predicted_device_step_time_s"]
+    click.echo(f"step: {doc['step_flops'] / 1e9:.2f} GFLOP, {doc['step_bytes_moved'] / 1e6:.1f} "
+               "MB moved" + ("" if device_time is None else
+                             f"; predicted on {device} (roofline at peak): "
+                             f"{device_time * 1e3:.1f} ms"))
+    click.echo(f"step time on this machine: {doc['step_time_s'] * 1e3:.1f} ms "
+               f"({doc['threads']} threads); process peak RSS "
+               f"{mib(doc['process_peak_rss_bytes'])}; torch loaded: {doc['torch_loaded']}")
+    for path in doc.get("plots", []):
+        click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path())
+@device_option()
+@budget_option("Budget in bytes, e.g. 15MiB.")
+@json_option
+def fit(artifact, device, budget, as_json):
+    """Largest batch that trains under a budget: predicted, then confirmed by capped runs."""
+    from device_sim.reports import fit_report
+
+    if (device is None) == (budget is None):
+        raise click.UsageError("give --device NAME or --budget BYTES")
+    device, budget_bytes = resolve_budget(device, budget)
+    try:
+        r = fit_report(artifact, budget_bytes)
+    except (ArtifactError, ValueError) as e:
+        fail(str(e), EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps({"artifact": str(artifact), "device": device, **r.to_dict()},
+                              indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
+    click.echo(f"largest batch predicted to fit: {r.predicted_max_batch}")
+    if r.max_batch == 0:
+        click.echo(f"confirmed: not even batch 1 trains ({r.runs} capped runs): {r.next_batch_error}")
+        return
+    click.echo(f"confirmed largest batch: {r.max_batch} (measured peak {mib(r.peak_bytes)}); "
+               f"batch {r.max_batch + 1} fails cleanly ({r.runs} capped runs)")
+    click.echo(f"throughput at batch {r.max_batch} on this machine: "
+               f"{r.throughput_samples_per_s:.1f} samples/s ({r.step_time_s * 1e3:.1f} ms/step)")

@@ -1,0 +1,133 @@
+"""`edgetrain personalise` and `edgetrain reset-bn`: a run on one user's data inside a budget
+(device side: these commands never load torch)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from device_sim.profiles import PROFILES
+from edgetrain.cli.common import Bytes, Progress, exit_on_device_errors, json_option, mib, resolve_budget
+from edgetrain.masks import UPDATERS
+
+
+def user_run_options(f):
+    """--user/--data/--test, --device/--budget and --out: a run on one user's data in a budget."""
+    options = [
+        click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10)."),
+        click.option("--data", "data_file", type=click.Path(),
+                     help="Your windows: .npz with x and y."),
+        click.option("--test", "test_file", type=click.Path(),
+                     help="Optional .npz test set for --data."),
+        click.option("--device", type=click.Choice(sorted(PROFILES)),
+                     help="Device profile (budget)."),
+        click.option("--budget", type=Bytes(), help="RAM budget, e.g. 15MB or 8692224."),
+        click.option("--out", required=True, type=click.Path(file_okay=False),
+                     help="Run folder."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | None, int]:
+    """Check the user-data and budget options of a run; returns (device, budget_bytes)."""
+    if (user is None) == (data_file is None):
+        raise click.UsageError("give exactly one of --user N or --data FILE.npz")
+    if device is None and budget is None:
+        raise click.UsageError(f"give --device NAME or --budget BYTES: {what} always runs "
+                               "inside a memory budget (`edgetrain devices` lists profiles)")
+    return resolve_budget(device, budget)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path())
+@user_run_options
+@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
+@click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
+@click.option("--mask-update", type=click.Choice(sorted(UPDATERS)), default=None,
+              help="Dynamic sparse training (sparse artifacts): regrow at random (set) or "
+                   "where the dense gradient is largest (rigl).")
+@click.option("--mask-every", type=int, default=10, show_default=True,
+              help="Optimizer steps between mask updates.")
+@click.option("--drop-fraction", type=float, default=0.3, show_default=True,
+              help="Fraction of kept weights replaced at the first update (cosine decay).")
+@click.option("--mask-end", type=float, default=0.75, show_default=True,
+              help="No mask updates after this fraction of the steps.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Optimizer steps between resume points (0: only at epoch ends).")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --out from its newest intact resume point.")
+@json_option
+def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
+                micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
+                mask_end, checkpoint_every, resume, as_json):
+    """Train an artifact on one user's data inside a device's memory budget."""
+    from edgetrain.masks import MaskSchedule
+    from edgetrain.personalise import TrainConfig
+    from edgetrain.personalise import personalise as run
+    from edgetrain.userdata import user_data
+
+    device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
+    with exit_on_device_errors():
+        train, test = user_data(artifact, user, data_file, test_file)
+        masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
+                 if mask_update else None)
+        cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
+                          accumulation_steps=accumulate, seed=seed, masks=masks,
+                          checkpoint_every=checkpoint_every)
+        with Progress(not as_json) as progress:
+            r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
+                    threads=threads, resume=resume)
+    if as_json:
+        click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
+    if r.resumed_from_step is not None:
+        click.echo(f"resumed from the resume point after step {r.resumed_from_step}")
+    click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
+               f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
+    if r.accuracy_before is not None:
+        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}")
+        click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
+                   "of test samples")
+    if r.mask_method:
+        click.echo(f"mask updates ({r.mask_method}): {r.mask_updates}, {r.regrown_weights:,} "
+                   "weights regrown in all")
+    click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
+
+
+@click.command("reset-bn")
+@click.argument("artifact", type=click.Path())
+@user_run_options
+@click.option("--samples", type=int, default=256, show_default=True,
+              help="User samples that feed the statistics (forward passes only).")
+@click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
+@json_option
+def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples, micro_batch,
+             seed, threads, as_json):
+    """Re-estimate BatchNorm statistics on a user's samples (RESET, after pruning)."""
+    from edgetrain.bnreset import reset_batchnorm
+    from edgetrain.userdata import user_data
+
+    device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
+    with exit_on_device_errors():
+        train, test = user_data(artifact, user, data_file, test_file)
+        r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
+                            micro_batch, threads)
+    if as_json:
+        click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
+        return
+    click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
+    click.echo(f"RESET from {r.samples} samples in {r.batches} forward passes of "
+               f"{r.micro_batch} items")
+    if r.accuracy_before is not None:
+        click.echo(f"held-out accuracy: before RESET {r.accuracy_before:.3f}  after "
+                   f"{r.accuracy_after:.3f}")
+    click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")

@@ -1,0 +1,68 @@
+"""Every name of the artifact contract, in one place: file roles and file names, graph inputs
+and outputs, and the suffixes that tie a tensor to its gradient, its sparse parts, its
+recomputed copy. The exporter writes these names, the runtime reads them; neither spells them
+out again. (As ORT's `training/api` keeps one object per file: one role per file.)
+"""
+from __future__ import annotations
+
+MANIFEST_NAME = "manifest.json"
+
+# File roles -> the file names the exporter writes. The runtime reads file names from the
+# manifest only; these are what the exporter chooses.
+TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT = (
+    "training_model", "eval_model", "optimizer_model", "checkpoint")
+MASK_GRAD_MODEL, BATCHNORM_STATS_MODEL = "mask_grad_model", "batchnorm_stats_model"
+REQUIRED_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
+FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
+         OPTIMIZER_MODEL: "optimizer_model.onnx", CHECKPOINT: "checkpoint"}
+# Written only when the model has sparse masks / BatchNorm layers (exporters/sidegraphs.py).
+SIDE_FILES = {MASK_GRAD_MODEL: "mask_grad_model.onnx",
+              BATCHNORM_STATS_MODEL: "batchnorm_stats_model.onnx"}
+
+# A run folder's outputs (personalise, reset-bn).
+RUN_CHECKPOINT, RUN_INFERENCE_MODEL, RUN_RESULT = "checkpoint", "inference.onnx", "result.json"
+
+# Graph inputs and outputs.
+INPUT_NAME, LABEL_NAME, LOGITS_NAME = "input", "labels", "logits"
+BATCH_AXIS = "batch"  # the dynamic first axis of INPUT_NAME and LOGITS_NAME
+
+# Suffixes. ORT names the gradient of tensor t `t_grad`.
+GRAD_SUFFIX = "_grad"
+# A masked weight `<layer>.weight` is held as `<layer>.weight_values` (trainable, [nnz]) and
+# `<layer>.weight_positions` (frozen int32, [nnz]).
+VALUES_SUFFIX, POSITIONS_SUFFIX = "weight_values", "weight_positions"
+# A forward node or tensor copied into backward by a recompute plan.
+RECOMPUTE_SUFFIX = "_recompute"
+# BatchNorm running statistics, estimated by the BatchNorm-statistics graph.
+RUNNING_STATS = ("running_mean", "running_var")
+
+
+def grad_name(tensor: str) -> str:
+    return f"{tensor}{GRAD_SUFFIX}"
+
+
+def is_grad_name(name: str) -> bool:
+    return name.endswith(GRAD_SUFFIX)
+
+
+def grad_of(name: str) -> str:
+    """The tensor whose gradient `name` is (name must end in GRAD_SUFFIX)."""
+    return name[:-len(GRAD_SUFFIX)]
+
+
+def recompute_name(name: str) -> str:
+    return f"{name}{RECOMPUTE_SUFFIX}"
+
+
+def is_recompute_name(name: str) -> bool:
+    return name.endswith(RECOMPUTE_SUFFIX)
+
+
+def mask_tensor_names(layer: str) -> tuple[str, str, str]:
+    """(dense weight, kept values, positions) of a masked layer, by its PyTorch module name."""
+    prefix = f"{layer}." if layer else ""
+    return f"{prefix}weight", f"{prefix}{VALUES_SUFFIX}", f"{prefix}{POSITIONS_SUFFIX}"
+
+
+def running_stat_names(bn_layer: str) -> tuple[str, str]:
+    return tuple(f"{bn_layer}.{s}" for s in RUNNING_STATS)  # type: ignore[return-value]

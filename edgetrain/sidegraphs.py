@@ -1,0 +1,78 @@
+"""The runtime's side graphs: small inference graphs beside the training graph, run inside the
+same memory cap, their parameter inputs fed from the live checkpoint state (zero-copy).
+
+  * mask_grad_model: the gradient of each masked layer's dense weight (what RigL grows by);
+  * batchnorm_stats_model: every BatchNorm's batch statistics (what RESET averages).
+The exporter writes them (exporters/sidegraphs.py); their output names follow edgetrain/names.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from edgetrain import names
+from edgetrain.manifest import ArtifactError, Manifest
+
+
+class SideGraphs:
+    def __init__(self, ort, files: dict[str, str], manifest: Manifest, session_options: Callable,
+                 parameters: Callable[[], object],
+                 translate: Callable[[RuntimeError, str], Exception]):
+        """files: role -> path. session_options(): fresh SessionOptions for a new session.
+        parameters(): the live CheckpointState's parameters. translate: turns an ORT error
+        into the runtime's error (a BudgetError when out of memory)."""
+        self._ort, self._files, self._manifest = ort, files, manifest
+        self._so, self._parameters, self._translate = session_options, parameters, translate
+        self._sessions: dict = {}
+
+    def run(self, role: str, feeds: dict, what: str) -> dict[str, np.ndarray]:
+        """Run side graph `role` on feeds; returns its outputs by name."""
+        if role not in self._sessions:
+            if role not in self._files:
+                raise ArtifactError(f"the artifact has no {role} (manifest files: "
+                                    f"{sorted(self._files)}); re-export it with this edgetrain")
+            try:
+                self._sessions[role] = self._ort.InferenceSession(
+                    self._files[role], self._so(), providers=["CPUExecutionProvider"])
+            except RuntimeError as e:
+                raise self._translate(e, f"loading the {role}") from e
+        sess = self._sessions[role]
+        params = self._parameters()  # .data is a zero-copy view of the state's tensor
+        feeds = {**{i.name: params[i.name].data for i in sess.get_inputs() if i.name in params},
+                 **feeds}
+        try:
+            outs = sess.run(None, feeds)
+        except RuntimeError as e:
+            raise self._translate(e, what) from e
+        return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
+
+    def dense_gradients(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]
+                        ) -> dict[str, np.ndarray]:
+        """Gradient of the loss w.r.t. each masked layer's dense weight, flattened [numel] and
+        summed over `batches` of (x, y), by the dense weight's name. Changes no state."""
+        inp = self._manifest.input
+        total: dict[str, np.ndarray] = {}
+        for x, y in batches:
+            outs = self.run(names.MASK_GRAD_MODEL,
+                            {inp.name: np.ascontiguousarray(x, np.float32),
+                             inp.label_name: np.ascontiguousarray(y, np.int64)},
+                            f"the dense gradients at micro-batch {len(x)}")
+            for name, g in outs.items():
+                total[name] = g if name not in total else total[name] + g
+        return {m.weight: total[names.grad_name(m.weight)] for m in self._manifest.masks}
+
+    def batchnorm_means(self, batches: Iterable[np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """Each running statistic's mean over `batches` (inputs [B, *sample_shape]) of its batch
+        estimate, by tensor name (float64), and the number of batches. Forward passes only."""
+        sums: dict[str, np.ndarray] = {}
+        count = 0
+        for x in batches:
+            outs = self.run(names.BATCHNORM_STATS_MODEL,
+                            {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
+                            f"BatchNorm statistics at batch {len(x)}")
+            for name, v in outs.items():
+                if name != names.LOGITS_NAME:
+                    sums[name] = sums.get(name, 0) + v.astype(np.float64)
+            count += 1
+        return {name: s / max(count, 1) for name, s in sums.items()}, count

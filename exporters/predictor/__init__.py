@@ -1,0 +1,106 @@
+"""The static predictor: the peak bytes of a training cycle, from the artifact alone.
+
+One entry point, `predict(...) -> Prediction`. Exact: parameters, gradients, AdamW moments
+(each tensor one 256-byte-rounded arena chunk) and the runtime's scalars. Simulated:
+activations = the memory-pattern block of the training graph (plan.py) plus the run-time
+allocations outside it (scratch.py), for the intra-op thread count the runtime will use (the
+manifest's plan), never the exporting machine's. It models onnxruntime-training 1.19.2's
+internals and refuses to predict for any other version.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from edgetrain import names
+from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
+from exporters.graph import load_graph
+from exporters.predictor.plan import plan_step
+from exporters.predictor.scratch import scratch_bytes
+from exporters.predictor.shapes import initializer_bytes
+
+SUPPORTED_ORT_VERSION = "1.19.2"
+ORT_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime")
+METHOD = ("graph plan: ORT execution order, tensor lifetimes, reuse, memory pattern, run-time "
+          "allocations through an arena model")
+
+
+class UnsupportedRuntimeError(ValueError):
+    """The installed onnxruntime is not the version the predictor models."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    batch: int
+    threads: int  # ORT intra-op threads the prediction is for
+    peak_bytes: int
+    breakdown: dict  # category -> bytes, sums to peak_bytes
+    onnxruntime: str  # the version whose internals were modelled
+    method: str = METHOD
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def installed_ort_version() -> str | None:
+    for dist in ORT_DISTRIBUTIONS:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_ort_version() -> str:
+    """The installed onnxruntime version, if it is the one modelled; else a clear refusal."""
+    found = installed_ort_version()
+    if found != SUPPORTED_ORT_VERSION:
+        raise UnsupportedRuntimeError(
+            f"the static predictor models onnxruntime-training {SUPPORTED_ORT_VERSION} (its "
+            f"execution order, memory pattern and MLAS buffers), but {found or 'no onnxruntime'}"
+            f" is installed; its prediction would be silently wrong. Install "
+            f"onnxruntime-training-cpu=={SUPPORTED_ORT_VERSION}, or measure instead "
+            "(`edgetrain measure` reads the real allocator)")
+    return found
+
+
+def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
+            threads: int) -> Prediction:
+    """Predicted peak of the training cycle at `batch` for the artifact in `folder`.
+
+    trainable, frozen: TensorSpecs of the checkpoint; files: role -> file name;
+    threads: the runtime's intra-op thread count (the manifest's plan.threads)."""
+    version = check_ort_version()
+    if threads < 1:
+        raise ValueError(f"threads must be a positive number, got {threads}")
+    folder = Path(folder)
+    state = {t.name for t in list(trainable) + list(frozen)}
+    grads = state_bytes(trainable)
+    train = str(folder / files[names.TRAINING_MODEL])
+    plan = plan_step(train, batch)
+    breakdown = {
+        "parameters": state_bytes(list(trainable) + list(frozen)),
+        "gradients": grads,
+        "optimizer_state": 2 * grads,
+        "activations": arena_rounded(plan.pattern_bytes) + scratch_bytes(train, batch, threads),
+        "other": (constant_bytes(train, state)
+                  + constant_bytes(str(folder / files[names.EVAL_MODEL]), state)
+                  + RUNTIME_SCALAR_BYTES),
+    }
+    return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
+                      breakdown=breakdown, onnxruntime=version)
+
+
+def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None
+                     ) -> Prediction:
+    """predict() for a loaded artifact, at the runtime's thread count unless told another."""
+    return predict(folder, manifest.trainable, manifest.frozen, batch,
+                   {role: e.path for role, e in manifest.files.items()},
+                   threads or manifest.plan.threads)
+
+
+def constant_bytes(path: str, state: set[str]) -> int:
+    """Graph constants (initializers that are not checkpoint tensors): sessions reserve them."""
+    return sum(initializer_bytes(i) for i in load_graph(path).graph.initializer
+               if i.name not in state)

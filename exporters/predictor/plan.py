@@ -1,0 +1,137 @@
+"""ORT's memory plan of one training step, simulated from the training graph (a prediction).
+
+  * execution order: ORT's default topological order (exporters.graph.execution_order);
+  * lifetimes: a tensor lives from its producer to its last consumer (graph outputs to the end);
+  * reuse: view ops (Reshape, Squeeze, Unsqueeze, Flatten, Identity) alias their input; Relu
+    reuses an input that dies there; otherwise a freed buffer of the same shape is taken
+    before a new one;
+  * the memory pattern: every new buffer is placed best-fit into one block by its lifetime.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from edgetrain import names
+from exporters.graph import ALIAS_OPS, drop_identities, execution_order, load_graph
+from exporters.predictor.shapes import nbytes, tensor_shapes
+
+INPLACE_OPS = {"Relu"}
+PATTERN_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    batch: int
+    order: tuple[str, ...]  # node names in execution order
+    pattern_bytes: int  # the memory-pattern block
+    live_peak_bytes: int  # peak of bytes live at once (no fragmentation)
+    timeline: tuple[int, ...]  # bytes live after each node, in execution order
+
+
+def parameter_gradients(model: onnx.ModelProto, nodes) -> set[str]:
+    """`W_grad` outputs of trained tensors (graph inputs of the training graph). ORT computes
+    them into run-time allocations that the gradient accumulator consumes, not into the
+    memory pattern (measured: the arena's step-time growth includes the largest ones)."""
+    params = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
+    return {o for n in nodes for o in n.output
+            if names.is_grad_name(o) and names.grad_of(o) in params}
+
+
+def plan_step(path: str, batch: int) -> StepPlan:
+    """Simulate ORT's allocation plan and memory pattern for one training step."""
+    model = load_graph(path)
+    nodes, _ = drop_identities(model)
+    shapes = tensor_shapes(model, batch)
+    order = execution_order(nodes)
+    state = {i.name for i in model.graph.initializer}
+    feeds = {i.name for i in model.graph.input} | state
+    graph_outputs = {o.name for o in model.graph.output}
+    runtime_allocated = parameter_gradients(model, nodes)  # outside the pattern
+    position = {i: t for t, i in enumerate(order)}
+    last_use: dict[str, int] = {}
+    for i in order:
+        for x in nodes[i].input:
+            if x:
+                last_use[x] = position[i]
+    end = len(order)
+    for o in graph_outputs:
+        last_use[o] = end
+
+    buffer_of: dict[str, int] = {}  # tensor -> buffer id
+    buffers: list[dict] = []  # {size, key, start, users, live, spans}
+    free_by_size: dict[int, list[int]] = {}
+    live = 0
+    timeline = []
+    for t, i in enumerate(order):
+        n = nodes[i]
+        for k, o in enumerate(n.output):
+            if not o or o in feeds or o not in shapes or o in runtime_allocated:
+                continue
+            size = nbytes(shapes[o])
+            src = n.input[0] if n.input else None
+            if n.op_type == "PassThrough" and k < len(n.input):
+                src = n.input[k]
+            if n.op_type in ALIAS_OPS and src in buffer_of:
+                b = buffer_of[src]
+            elif (n.op_type in INPLACE_OPS and k == 0 and src in buffer_of
+                  and last_use.get(src) == t and buffers[buffer_of[src]]["size"] == size
+                  and _users_dead(buffers[buffer_of[src]], last_use, t)):
+                b = buffer_of[src]
+            elif free_by_size.get(shapes[o]):
+                b = free_by_size[shapes[o]].pop()
+                buffers[b]["live"] = True
+                live += size
+            else:
+                b = len(buffers)
+                buffers.append({"size": size, "key": shapes[o], "start": t,
+                                "users": [], "live": True, "spans": []})
+                live += size
+            buffer_of[o] = b
+            buffers[b]["users"].append(o)
+        # free buffers whose every user is dead after this node
+        for x in set(list(n.input) + list(n.output)):
+            b = buffer_of.get(x)
+            if b is None or not buffers[b]["live"]:
+                continue
+            if _users_dead(buffers[b], last_use, t):
+                buffers[b]["live"] = False
+                buffers[b]["spans"].append((buffers[b]["start"], t))
+                live -= buffers[b]["size"]
+                free_by_size.setdefault(buffers[b]["key"], []).append(b)
+                buffers[b]["start"] = t + 1
+        timeline.append(live)
+    for b in buffers:
+        if b["live"]:
+            b["spans"].append((b["start"], end))
+    pattern = pack([(b["size"], s, e) for b in buffers for s, e in [(b["spans"][0][0],
+                                                                    b["spans"][-1][1])]])
+    return StepPlan(batch=batch, order=tuple(nodes[i].name for i in order),
+                    pattern_bytes=pattern, live_peak_bytes=max(timeline, default=0),
+                    timeline=tuple(timeline))
+
+
+def _users_dead(buf: dict, last_use: dict, t: int) -> bool:
+    """No tensor sharing this buffer is read after node t."""
+    return all(last_use.get(u, t) <= t for u in buf["users"])
+
+
+def pack(blocks: list[tuple[int, int, int]]) -> int:
+    """Best-fit offline placement of (size, start, end) blocks in allocation order; the
+    block's total size."""
+    placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
+    total = 0
+    for size, start, end in sorted(blocks, key=lambda b: b[1]):
+        size = -(-size // PATTERN_ALIGN) * PATTERN_ALIGN
+        overlapping = sorted((o, s) for o, s, a, b in placed if a <= end and start <= b)
+        best, waste, cur = None, None, 0
+        for o, s in overlapping:
+            if o - cur >= size and (waste is None or o - cur - size < waste):
+                best, waste = cur, o - cur - size
+            cur = max(cur, o + s)
+        if best is None:
+            best = cur
+        placed.append((best, size, start, end))
+        total = max(total, best + size)
+    return total

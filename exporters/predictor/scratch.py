@@ -1,0 +1,110 @@
+"""Arena growth outside ORT's memory pattern during a step, replayed from the graph.
+
+Run-time allocations, in execution order:
+  * forward Conv: MLAS's working buffer (MlasConvPrepare): none for a pointwise conv;
+    output pixels x K when the filter count exceeds them; otherwise threads x 16384 floats;
+  * ConvGrad: a column buffer of K x output pixels and a bias multiplier of output pixels
+    (orttraining/training_ops/cpu/nn/conv_grad.cc), freed when the kernel returns;
+  * weight gradients, live until the gradient accumulator consumes them.
+They go through a model of the arena (RegionArena): a request takes the best-fitting free gap
+of an existing region, or the arena grows by a new region of exactly its size. The regions'
+total is the scratch. Matched the measured growth to the byte on the three seed networks.
+The constants are MLAS's in onnxruntime 1.19.2 (exporters/predictor/__init__.py checks it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edgetrain.budget import arena_rounded
+from exporters.graph import attributes, drop_identities, execution_order, forward_conv_outputs, load_graph
+from exporters.predictor.plan import parameter_gradients
+from exporters.predictor.shapes import nbytes, runtime_shapes
+
+MLAS_CONV_BUFFER_FLOATS_PER_THREAD = 16384  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
+MLAS_SGEMM_THREAD_COMPLEXITY = 65536
+MLAS_MAXIMUM_THREAD_COUNT = 16
+
+
+def scratch_bytes(path: str, batch: int, threads: int) -> int:
+    """The arena's growth outside the memory pattern in one step at `batch` with `threads`."""
+    model = load_graph(path)
+    nodes, _ = drop_identities(model)
+    shapes = runtime_shapes(model, batch)
+    order = execution_order(nodes)
+    position = {i: t for t, i in enumerate(order)}
+    last_use = {x: position[i] for i in order for x in nodes[i].input}
+    weight_grads = parameter_gradients(model, nodes)
+    conv_out = forward_conv_outputs(nodes)
+    arena = RegionArena()
+    live: list[str] = []
+    for t, i in enumerate(order):
+        n = nodes[i]
+        temps = conv_temporaries(n, shapes, conv_out, threads)
+        for k, size in enumerate(temps):
+            arena.alloc(f"tmp{t}.{k}", size)
+        for o in n.output:
+            if o in weight_grads and o in shapes:
+                arena.alloc(o, nbytes(shapes[o]))
+                live.append(o)
+        for k in range(len(temps)):
+            arena.free(f"tmp{t}.{k}")
+        for o in [o for o in live if last_use.get(o, -1) <= t]:
+            arena.free(o)
+            live.remove(o)
+    return sum(arena.regions)
+
+
+def conv_temporaries(n, shapes, conv_out, threads: int) -> list[int]:
+    """Bytes of the temporaries a Conv or ConvGrad kernel allocates while it runs."""
+    if n.op_type not in ("Conv", "ConvGrad"):
+        return []
+    a = attributes(n)
+    group = int(a.get("group", 1))
+    x, w = (n.input[0], n.input[1]) if n.op_type == "Conv" else (n.input[1], n.input[2])
+    y = n.output[0] if n.op_type == "Conv" else conv_out.get((x, w))
+    if x not in shapes or w not in shapes or y not in shapes:
+        return []
+    xs, ws = shapes[x][0], shapes[w][0]
+    kernel = int(np.prod(ws[2:]))
+    k = xs[1] // group * kernel  # K: input channels per group x kernel size
+    pixels = int(np.prod(shapes[y][0][2:]))
+    if n.op_type == "ConvGrad":
+        return [k * pixels * 4, pixels * 4]
+    filters = ws[0] // group
+    pointwise = (kernel == 1 and k == xs[1] and all(s == 1 for s in a.get("strides", [1]))
+                 and not any(a.get("pads", [0])))
+    if pointwise:
+        return []
+    if filters > pixels:
+        return [pixels * k * 4]
+    complexity = filters * pixels * k
+    n_threads = min(int(complexity / MLAS_SGEMM_THREAD_COMPLEXITY) + 1,
+                    MLAS_MAXIMUM_THREAD_COUNT, max(1, threads))
+    return [n_threads * MLAS_CONV_BUFFER_FLOATS_PER_THREAD * 4]
+
+
+class RegionArena:
+    """BFC-like: regions never merge; a request takes the best-fitting gap or a new region."""
+
+    def __init__(self):
+        self.regions: list[int] = []
+        self.chunks: list[list[tuple[int, int, str]]] = []
+
+    def alloc(self, name: str, size: int) -> None:
+        size = arena_rounded(size)
+        best = None  # (waste, region, offset)
+        for j, region in enumerate(self.regions):
+            cur = 0
+            for off, sz, _ in sorted(self.chunks[j]) + [(region, 0, "")]:
+                if off - cur >= size and (best is None or off - cur - size < best[0]):
+                    best = (off - cur - size, j, cur)
+                cur = max(cur, off + sz)
+        if best is None:
+            self.regions.append(size)
+            self.chunks.append([(0, size, name)])
+        else:
+            self.chunks[best[1]].append((best[2], size, name))
+
+    def free(self, name: str) -> None:
+        for c in self.chunks:
+            c[:] = [x for x in c if x[2] != name]

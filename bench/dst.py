@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
+from common import ROOT, replace_table, run, save_results
 
 DENSITY, DEVICE, USER, EPOCHS, SEEDS = 0.1, "watchos-extension", 10, 3, (0, 1, 2)
 RUNS = {"dense": (1.0, None), "static": (DENSITY, None), "set": (DENSITY, "set"),

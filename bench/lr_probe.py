@@ -11,7 +11,7 @@ benchmark table: a diagnosis, kept so the figures in docs/results.md can be repr
 import json, sys, time
 import numpy as np, torch
 sys.path.insert(0, "bench")
-from stack import STACK, pretrain_config
+from stack_config import STACK, pretrain_config
 from exporters.pretrain import pretrain
 from edgetrain.userdata import user_data
 from edgetrain import data

@@ -9,22 +9,13 @@ bench/results/predictor.json and the table in docs/predictor.md.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, replace_table, run, save_results
+
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BATCHES = [1, 8, 32]
-CLI = [sys.executable, "-m", "edgetrain.cli"]
-
-
-def run(*args: str) -> str:
-    p = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-2000:]}")
-    return p.stdout
 
 
 def main() -> None:
@@ -46,24 +37,6 @@ def main() -> None:
                       f"{d['predicted_peak_bytes']:>14,} ({err:+.1%})", flush=True)
     save_results("predictor", rows)
     write_table(rows)
-
-
-def save_results(name: str, rows: list[dict]) -> None:
-    """Write rows to bench/results/<name>.json."""
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
-
-
-def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:
-    """Put `lines` between the markers <!-- name --> and <!-- /name --> in `doc`."""
-    text = doc.read_text()
-    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    if start not in text or end not in text:
-        raise SystemExit(f"{doc} has no {start} ... {end} markers for the table")
-    head, _, rest = text.partition(start)
-    _, _, tail = rest.partition(end)
-    doc.write_text(head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
 
 
 def write_table(rows: list[dict]) -> None:

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
+from common import ROOT, replace_table, run, save_results
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak

@@ -15,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
+from common import ROOT, replace_table, run, save_results
 
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
 ALLOCATIONS = ("uniform", "global", "erk")

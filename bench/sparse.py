@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from predictor import ROOT, replace_table, run, save_results  # bench/predictor.py
+from common import ROOT, replace_table, run, save_results
 
 DENSITIES = (1.0, 0.5, 0.2, 0.1)
 NETWORK, BATCH = "patch_mobilenet", 8

@@ -214,3 +214,53 @@ def test_pretraining_cache_round_trip_leaves_no_temporaries(tmp_path, monkeypatc
         [Path(s1["cache"]).name]  # the cache alone: no temporary, no resume point
     for name, value in first.state_dict().items():
         assert torch.equal(second.state_dict()[name], value), name
+
+
+# ---- one drop count for host and device ----------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(widths=st.lists(st.integers(2, 40), min_size=1, max_size=3),
+       density=st.floats(0.05, 0.9), fraction=st.floats(0.0, 1.0))
+def test_host_drops_round_fraction_times_nnz_per_layer(widths, density, fraction):
+    """Random layer sizes and fractions: each layer replaces round(fraction x nnz) weights, the
+    rule the device applies (edgetrain.masks.drop_count)."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(a, b) for a, b in zip([7] + widths, widths + [3])]
+    model = nn.Sequential(*layers)
+    masks = TorchMasks(model, density, "uniform")
+    x = torch.randn(4, 7)
+    model(x).sum().backward()
+    nnz = masks.nnz()
+    regrown = masks.update("set", fraction, np.random.default_rng(0))
+    assert regrown == sum(round(fraction * n) for n in nnz.values())
+    assert masks.nnz() == nnz  # density unchanged
+
+
+def test_host_and_device_drop_the_same_number_for_the_same_fraction(tmp_path):
+    """The same layer (the tiny model's conv at density 0.5), the same fractions: the device's
+    mask update (through the runtime) and host sparse training regrow the same counts."""
+    from conftest import TINY_CLASSES, TINY_SHAPE, device_python, tiny_model
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+
+    art = tmp_path / "sparse"
+    export_artifact(tiny_model(), torch.zeros(2, *TINY_SHAPE), art, classes=TINY_CLASSES,
+                    plan=Plan(micro_batch=4), model_name="tiny", density=0.5)
+    rng = np.random.default_rng(7)
+    fractions = [float(f) for f in rng.uniform(0, 1, 10)] + [0.0, 1 / 54, 1.5 / 54, 2.5 / 54]
+    device = device_python(f"""
+import json, numpy as np
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(art)!r})
+rng = np.random.default_rng(0)
+print(json.dumps([rt.update_masks('set', f, [], rng) for f in {fractions!r}]))
+""")
+    model = tiny_model()
+    masks = TorchMasks(model, 0.5, "erk")
+    assert list(masks.nnz()) == ["conv"]
+    host = [masks.update("set", f, np.random.default_rng(0)) for f in fractions]
+    assert host == device
+    assert host[-1] == round(2.5 / 54 * masks.nnz()["conv"])  # a half rounds the same way

@@ -1,4 +1,4 @@
-"""bench/stack.py and bench/torch_peer.py: the configurations are the deck's stack, the
+"""bench/stack*.py and bench/torch_peer.py: the configurations are the deck's stack, the
 effective batch is the same everywhere, and the PyTorch peer runs the same network."""
 from __future__ import annotations
 
@@ -10,27 +10,29 @@ import torch
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import stack  # noqa: E402
+import stack_config  # noqa: E402
+import stack_report  # noqa: E402
+import stack_stages  # noqa: E402
 import torch_peer  # noqa: E402
 
 
 def test_every_configuration_steps_on_the_same_number_of_windows():
-    for c in stack.STACK:
+    for c in stack_config.STACK:
         items = c.micro_batch * c.accumulation
-        assert items == stack.EFFECTIVE_BATCH * c.items_per_window, c.name
+        assert items == stack_config.EFFECTIVE_BATCH * c.items_per_window, c.name
 
 
 def test_the_stack_adds_one_technique_at_a_time():
-    c = {x.name: x for x in stack.STACK}
-    assert [x.name for x in stack.STACK] == ["C1", "C2", "C3", "C4", "C5", "C6"]
+    c = {x.name: x for x in stack_config.STACK}
+    assert [x.name for x in stack_config.STACK] == ["C1", "C2", "C3", "C4", "C5", "C6"]
     assert {c[k].network for k in ("C1", "C2", "C3", "C4")} == {"resnet50"}
     assert (c["C5"].network, c["C6"].network) == ("mobilenet_v1", "patch_mobilenet")
     assert not c["C1"].sparse and all(c[k].sparse for k in ("C2", "C3", "C4", "C5", "C6"))
     assert c["C2"].recompute == "none" and all(c[k].recompute == "sqrt"
                                                for k in ("C3", "C4", "C5", "C6"))
-    assert c["C3"].micro_batch == stack.EFFECTIVE_BATCH
+    assert c["C3"].micro_batch == stack_config.EFFECTIVE_BATCH
     assert all(c[k].micro_batch == 1 for k in ("C4", "C5", "C6"))
-    assert len({x.key() for x in stack.STACK}) == 6
+    assert len({x.key() for x in stack_config.STACK}) == 6
 
 
 def row(peak: int, acc: float) -> dict:
@@ -46,7 +48,7 @@ def row(peak: int, acc: float) -> dict:
 def test_headline_applies_the_seed_bar(c6_peak, c6_acc, verdict):
     rows = [row(1000, 0.98), row(900, 0.97), row(500, 0.97), row(100, 0.97), row(50, 0.96),
             row(c6_peak, c6_acc)]
-    text = "\n".join(stack.headline(rows))
+    text = "\n".join(stack_report.headline(rows))
     assert verdict in text
     assert f"{1000 / c6_peak:,.0f}×" in text
 
@@ -70,45 +72,45 @@ def test_a_group_whose_cached_files_are_gone_starts_over_and_a_finished_one_stay
         tmp_path, monkeypatch):
     """Results come with the repository, .cache does not: an unfinished network whose saved
     pretraining or export lost its file is redone whole; a finished network is kept."""
-    monkeypatch.setattr(stack, "STATE", tmp_path / "state")
-    monkeypatch.setattr(stack, "ROOT", tmp_path)
+    monkeypatch.setattr(stack_config, "STATE", tmp_path / "state")
+    monkeypatch.setattr(stack_config, "ROOT", tmp_path)
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights")
     # every stage saved (personalisation names resolve once the sweep is saved); its cache
     # is gone too, but nothing reads it
-    while todo := [n for n in stack.group_names("patch_mobilenet") if stack.saved(n) is None]:
+    while todo := [n for n in stack_stages.group_names("patch_mobilenet") if stack_config.saved(n) is None]:
         for n in todo:
-            stack.save(n, {"cache": "gone.pt", "artifact": str(tmp_path / "gone"),
+            stack_config.save(n, {"cache": "gone.pt", "artifact": str(tmp_path / "gone"),
                            "accuracy_after": 0.5})
-    finished = stack.group_names("patch_mobilenet")
+    finished = stack_stages.group_names("patch_mobilenet")
     assert not any("pending" in n for n in finished)
-    unfinished = stack.group_names("mobilenet_v1")
+    unfinished = stack_stages.group_names("mobilenet_v1")
     pre = next(n for n in unfinished if n.startswith("pretrain-"))
     export = next(n for n in unfinished if n.startswith("export-"))
-    stack.save(pre, {"cache": str(model)})
-    stack.save(export, {"artifact": str(tmp_path / "artifact")})  # folder never made
-    assert stack.forget_stale_groups() == [pre, export]
-    assert stack.saved(pre) is None and stack.saved(export) is None
-    assert all(stack.saved(n) is not None for n in finished)
+    stack_config.save(pre, {"cache": str(model)})
+    stack_config.save(export, {"artifact": str(tmp_path / "artifact")})  # folder never made
+    assert stack_stages.forget_stale_groups() == [pre, export]
+    assert stack_config.saved(pre) is None and stack_config.saved(export) is None
+    assert all(stack_config.saved(n) is not None for n in finished)
     (tmp_path / "artifact").mkdir()  # with the files in place, nothing is forgotten
-    stack.save(pre, {"cache": str(model)})
-    stack.save(export, {"artifact": str(tmp_path / "artifact")})
-    assert stack.forget_stale_groups() == []
+    stack_config.save(pre, {"cache": str(model)})
+    stack_config.save(export, {"artifact": str(tmp_path / "artifact")})
+    assert stack_stages.forget_stale_groups() == []
 
 
 def test_the_sweep_picks_the_best_mean_validation_accuracy_and_keys_runs_by_it(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(stack, "STATE", tmp_path)
-    c5 = next(c for c in stack.STACK if c.name == "C5")
-    assert stack.chosen_lr(c5) is None and c5.personalise_key().endswith("-p-lr-pending")
-    lo, mid, hi = stack.LR_CANDIDATES
+    monkeypatch.setattr(stack_config, "STATE", tmp_path)
+    c5 = next(c for c in stack_config.STACK if c.name == "C5")
+    assert stack_config.chosen_lr(c5) is None and c5.personalise_key().endswith("-p-lr-pending")
+    lo, mid, hi = stack_config.LR_CANDIDATES
     accs = {lo: (0.5, 0.6, 0.7), mid: (0.9, 0.2, 0.7), hi: (0.6, 0.6, 0.6)}  # lo and hi tie
     for lr, per_user in accs.items():
-        for u, a in zip(stack.HELD_OUT_USERS, per_user):
-            stack.save(stack.sweep_name(c5, lr, u), {"accuracy_after": a})
-    assert stack.chosen_lr(c5) == lo  # a tie goes to the smaller rate
+        for u, a in zip(stack_config.HELD_OUT_USERS, per_user):
+            stack_config.save(stack_config.sweep_name(c5, lr, u), {"accuracy_after": a})
+    assert stack_config.chosen_lr(c5) == lo  # a tie goes to the smaller rate
     key_lo = c5.personalise_key()
-    stack.save(stack.sweep_name(c5, hi, stack.HELD_OUT_USERS[0]), {"accuracy_after": 0.9})
-    assert stack.chosen_lr(c5) == hi and c5.personalise_key() != key_lo
-    c3 = next(c for c in stack.STACK if c.name == "C3")  # shares C2's model and sweep
+    stack_config.save(stack_config.sweep_name(c5, hi, stack_config.HELD_OUT_USERS[0]), {"accuracy_after": 0.9})
+    assert stack_config.chosen_lr(c5) == hi and c5.personalise_key() != key_lo
+    c3 = next(c for c in stack_config.STACK if c.name == "C3")  # shares C2's model and sweep
     assert c3.sweep_config().name == "C2"

@@ -3,10 +3,13 @@ search over all plans by dynamic programming (used by the budget planner)."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from exporters.graph import ancestors
 from exporters.recompute.analysis import Forward
+
+if TYPE_CHECKING:  # planners.py imports this module
+    from exporters.recompute.planners import PlanRequest
 
 
 class SegmentModel:
@@ -21,7 +24,7 @@ class SegmentModel:
     after each checkpoint only (P, FLOPs so far) matters, and a state no better in both is
     dropped."""
 
-    def __init__(self, fwd: Forward, req: "PlanRequest"):  # noqa: F821 (planners.py)
+    def __init__(self, fwd: Forward, req: PlanRequest):
         self.fwd = fwd
         size = req.tensor_bytes
         nodes = fwd.nodes

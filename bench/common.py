@@ -1,0 +1,38 @@
+"""What the benchmarks share: the repository root, the `edgetrain` CLI run as a user runs it,
+results written as JSON under bench/results/, and tables replaced between markers in docs/.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "edgetrain.cli"]
+
+
+def run(*args: str) -> str:
+    """Run `edgetrain ARGS` from the repository root; its stdout, or exit with its stderr."""
+    p = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def save_results(name: str, rows: list[dict]) -> None:
+    """Write rows to bench/results/<name>.json."""
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
+
+
+def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:
+    """Put `lines` between the markers <!-- name --> and <!-- /name --> in `doc`."""
+    text = doc.read_text()
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{doc} has no {start} ... {end} markers for the table")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    doc.write_text(head + start + "\n" + "\n".join(lines) + "\n" + end + tail)

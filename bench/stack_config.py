@@ -1,0 +1,157 @@
+"""The stack bench's configurations (C1-C6), population recipes, learning-rate sweep, and
+the resumable result store under bench/results/stack/ (see bench/stack.py)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+from common import ROOT
+from edgetrain.atomicfile import atomic_write_bytes
+
+EFFECTIVE_BATCH = 32  # windows per optimizer step, every configuration (the seed's C1 peak
+# of 9.3 GB implies a larger ResNet-50 batch still; 32 keeps 4 steps per epoch of one user)
+HELD_OUT_USERS = (8, 9, 10)  # personalised and tested; never in the population
+PATCHES_PER_WINDOW = 49  # 224x224 image, 32x32 patches
+DENSITY = 0.1  # DST: kept fraction of Conv/Linear weights (ERK allocation)
+PARALLEL_RUNS = 2  # personalisation runs at once (not timed; --threads 1 each)
+PROFILE = "watch-app-low"  # the watch-class profile of the scenario metrics (64 MiB)
+PERSONALISE = {"epochs": 2}  # plus each network's learning rate, chosen by the sweep below
+ARTIFACT_LR = 3e-4  # the default written into artifacts; personalisation passes --lr
+LR_CANDIDATES = (3e-5, 1e-4, 3e-4)  # the sweep: each population model x each held-out user
+VAL_FRACTION = 0.25  # ...trains on the first 75% of each personalisation-arm recording and
+# validates on the last 25% (edgetrain.data.validation_split): the test arm is never read
+MASK_UPDATES = {"mask_update": "rigl", "mask_every": 2, "drop_fraction": 0.1, "mask_end": 0.75}
+STATE = ROOT / "bench" / "results" / "stack"
+ARTIFACTS = ROOT / ".cache" / "stack"
+
+
+@dataclass(frozen=True)
+class NetRecipe:
+    """Population training of one network (exporters.pretrain.PretrainConfig fields)."""
+    model: str
+    epochs: int
+    batch: int
+    lr: float
+    dst_epochs: int
+
+
+RECIPES = {
+    # 2 cores set the 224x224 budgets: a ResNet-50 epoch takes ~13 min, MobileNetV1 ~3.5 min.
+    "resnet50": NetRecipe("resnet50", epochs=3, batch=16, lr=1e-3, dst_epochs=1),
+    "mobilenet_v1": NetRecipe("mobilenet_v1", epochs=5, batch=16, lr=2e-3, dst_epochs=1),
+    "patch_mobilenet": NetRecipe("patch_mobilenet", epochs=8, batch=64, lr=3e-3, dst_epochs=2),
+}
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    name: str
+    network: str
+    sparse: bool
+    recompute: str  # exporters.recompute planner
+    micro_batch: int  # items (images, or patches for C6) per micro-batch
+    summary: str
+
+    @property
+    def items_per_window(self) -> int:
+        return PATCHES_PER_WINDOW if self.network == "patch_mobilenet" else 1
+
+    @property
+    def accumulation(self) -> int:
+        items = EFFECTIVE_BATCH * self.items_per_window
+        assert items % self.micro_batch == 0, (self.name, items, self.micro_batch)
+        return items // self.micro_batch
+
+    def key(self) -> str:
+        blob = json.dumps({"config": asdict(self), "recipe": asdict(RECIPES[self.network]),
+                           "density": DENSITY, "held_out": HELD_OUT_USERS}, sort_keys=True)
+        return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+    def personalise_key(self) -> str:
+        """key() plus the personalisation recipe with the chosen learning rate: a new recipe
+        never reuses old runs. '-p-lr-pending' until this model's sweep has finished."""
+        lr = chosen_lr(self)
+        if lr is None:
+            return f"{self.key()}-p-lr-pending"
+        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr})}"
+
+    def sweep_config(self) -> "StackConfig":
+        """The configuration whose artifact the learning-rate sweep runs for this population
+        model: the first with the same network and sparsity. C2-C4 share C2's sweep, as they
+        train the same model with the same mathematics (BatchNorm is frozen on the device, so
+        micro-batching and recomputation change memory and time, not the update)."""
+        return next(x for x in STACK if x.network == self.network and x.sparse == self.sparse)
+
+
+STACK = [
+    StackConfig("C1", "resnet50", False, "none", EFFECTIVE_BATCH, "ResNet-50"),
+    StackConfig("C2", "resnet50", True, "none", EFFECTIVE_BATCH, "+ dynamic sparse training"),
+    StackConfig("C3", "resnet50", True, "sqrt", EFFECTIVE_BATCH, "+ gradient checkpointing"),
+    StackConfig("C4", "resnet50", True, "sqrt", 1, "+ micro-batching"),
+    StackConfig("C5", "mobilenet_v1", True, "sqrt", 1, "MobileNetV1 (with C2-C4)"),
+    StackConfig("C6", "patch_mobilenet", True, "sqrt", 1, "+ patching (32x32)"),
+]
+
+
+def pretrain_config(network: str, sparse: bool):
+    from exporters.dst import DstConfig
+    from exporters.pretrain import PretrainConfig
+
+    r = RECIPES[network]
+    dst = DstConfig(density=DENSITY, epochs=r.dst_epochs) if sparse else None
+    return PretrainConfig(model=network, width=1.0, holdout_user=HELD_OUT_USERS[-1],
+                          also_held_out=HELD_OUT_USERS[:-1], epochs=r.epochs, batch=r.batch,
+                          lr=r.lr, dst=dst)
+
+
+def recipe_hash(c: StackConfig, personalise: dict, **extra) -> str:
+    """6 hex digits naming a personalisation recipe (and its mask updates on sparse models)."""
+    blob = json.dumps({"personalise": personalise,
+                       "masks": MASK_UPDATES if c.sparse else None, **extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:6]
+
+
+def sweep_name(rep: StackConfig, lr: float, user: int) -> str:
+    v = recipe_hash(rep, PERSONALISE, val_fraction=VAL_FRACTION)
+    return f"lrsweep-{rep.key()}-v{v}-lr{lr:g}-user{user}"
+
+
+def sweep_table(c: StackConfig) -> dict[float, list[float | None]]:
+    """Validation accuracy after personalisation, per candidate lr, per held-out user."""
+    rep = c.sweep_config()
+    return {lr: [(saved(sweep_name(rep, lr, u)) or {}).get("accuracy_after")
+                 for u in HELD_OUT_USERS] for lr in LR_CANDIDATES}
+
+
+def chosen_lr(c: StackConfig) -> float | None:
+    """The candidate with the best mean validation accuracy over the held-out users (ties go
+    to the smaller rate); None while any sweep run is missing."""
+    table = sweep_table(c)
+    if any(a is None for accs in table.values() for a in accs):
+        return None
+    return max(LR_CANDIDATES, key=lambda lr: (round(statistics.mean(table[lr]), 6), -lr))
+
+
+# ---- resumable results ---------------------------------------------------------------------
+def saved(name: str) -> dict | None:
+    path = STATE / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save(name: str, result: dict) -> dict:
+    STATE.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(STATE / f"{name}.json", json.dumps(result, indent=2).encode())
+    return result
+
+
+def cli(*args: str, ok_codes: tuple[int, ...] = (0,)) -> dict:
+    p = subprocess.run([sys.executable, "-m", "edgetrain.cli", *args], capture_output=True,
+                       text=True, cwd=ROOT)
+    if p.returncode not in ok_codes:
+        raise SystemExit(f"edgetrain {' '.join(args)} failed (exit {p.returncode}):\n"
+                         f"{p.stderr[-3000:]}")
+    return json.loads(p.stdout)

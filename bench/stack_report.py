@@ -1,0 +1,208 @@
+"""The stack bench's report: rows from the saved results, the tables in docs/results.md, the
+plot docs/img/stack.png and the headline (see bench/stack.py)."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from common import ROOT, replace_table, save_results
+from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATES, PROFILE,
+                          RECIPES, STACK, chosen_lr, saved, sweep_name, sweep_table)
+
+
+def rows() -> list[dict]:
+    """One row per configuration whose every stage has a saved result (others are pending)."""
+    out = []
+    for c in STACK:
+        k = c.key()
+        ex, me, pe, fi = (saved(f"{s}-{k}") for s in ("export", "measure", "peer", "fit"))
+        per_user = {u: saved(f"personalise-{c.personalise_key()}-user{u}")
+                    for u in HELD_OUT_USERS}
+        if None in (ex, me, pe, fi) or None in per_user.values():
+            continue
+        after = [per_user[u]["accuracy_after"] for u in HELD_OUT_USERS]
+        before = [per_user[u]["accuracy_before"] for u in HELD_OUT_USERS]
+        per_window = c.items_per_window
+        fit_batch = fi["max_batch"]
+        out.append({
+            "config": c.name, "network": c.network, "summary": c.summary, "sparse": c.sparse,
+            "density": DENSITY if c.sparse else 1.0, "recompute": c.recompute,
+            "micro_batch": c.micro_batch, "accumulation": c.accumulation,
+            "effective_batch_windows": EFFECTIVE_BATCH,
+            "peak_bytes": me["peak_bytes"], "breakdown": me["breakdown"],
+            "predicted_peak_bytes": me.get("predicted_peak_bytes"),
+            "process_peak_rss_bytes": me["process_peak_rss_bytes"],
+            "step_time_s": me["step_time_s"],
+            "throughput_windows_per_s": round(EFFECTIVE_BATCH / me["step_time_s"], 3),
+            "accuracy_before": before, "accuracy_after": after,
+            "accuracy_after_mean": round(statistics.mean(after), 4),
+            "accuracy_before_mean": round(statistics.mean(before), 4),
+            "inference_agreement": [per_user[u]["inference_agreement"] for u in HELD_OUT_USERS],
+            "optimizer_steps": per_user[HELD_OUT_USERS[0]]["optimizer_steps"],
+            "mask_updates": per_user[HELD_OUT_USERS[0]]["mask_updates"],
+            "personalise_time_s": [per_user[u]["train_time_s"] for u in HELD_OUT_USERS],
+            "fit_profile": PROFILE, "fit_max_micro_batch": fit_batch,
+            "fit_peak_bytes": fi["peak_bytes"],
+            "fit_throughput_windows_per_s": (round(fi["throughput_samples_per_s"] / per_window, 3)
+                                             if fi["throughput_samples_per_s"] else None),
+            "fit_error": fi["next_batch_error"] if fit_batch == 0 else None,
+            "torch_peak_rss_bytes": pe["peak_rss_bytes"],
+            "torch_rss_before_step_bytes": pe["rss_before_step_bytes"],
+            "torch_step_time_s": pe["step_time_s"], "torch_note": pe["note"],
+            "export": ex, "pretrain": saved(
+                f"pretrain-{c.network}-{'dst' if c.sparse else 'dense'}"),
+        })
+    return out
+
+
+def mb(n: int | None) -> str:
+    return "–" if n is None else f"{n / 1e6:,.1f}"
+
+
+def tables(rs: list[dict]) -> dict[str, list[str]]:
+    c1 = next((r for r in rs if r["config"] == "C1"), None)  # None: C1 still pending
+    main = ["| config | network, technique | micro-batch × steps | measured peak (MB) | vs C1 "
+            "| accuracy after (mean of 3) | Δ vs C1 (points) | step time (s) "
+            "| throughput (windows/s) | PyTorch peak RSS (MB) | PyTorch step time (s) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        cut = f"{c1['peak_bytes'] / r['peak_bytes']:,.1f}×" if c1 else "–"
+        delta = f"{100 * (r['accuracy_after_mean'] - c1['accuracy_after_mean']):+.1f}" if c1 \
+            else "–"
+        main.append(
+            f"| {r['config']} | {r['network']}, {r['summary']} | {r['micro_batch']} × "
+            f"{r['accumulation']} | {mb(r['peak_bytes'])} | {cut} "
+            f"| {r['accuracy_after_mean']:.3f} | {delta} | {r['step_time_s']:.2f} | {r['throughput_windows_per_s']:.1f} "
+            f"| {mb(r['torch_peak_rss_bytes'])} | {r['torch_step_time_s']:.2f} |")
+    parts = ["| config | parameters | gradients | optimizer state | activations | other "
+             "| total (MB) | edgetrain process RSS (MB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        b = r["breakdown"]
+        parts.append(f"| {r['config']} | {mb(b['parameters'])} | {mb(b['gradients'])} "
+                     f"| {mb(b['optimizer_state'])} | {mb(b['activations'])} | {mb(b['other'])} "
+                     f"| {mb(r['peak_bytes'])} | {mb(r['process_peak_rss_bytes'])} |")
+    acc = ["| config | " + " | ".join(f"user {u} before → after" for u in HELD_OUT_USERS)
+           + " | optimizer steps | mask updates |", "|---|" + "---:|" * (len(HELD_OUT_USERS) + 2)]
+    for r in rs:
+        acc.append(f"| {r['config']} | " + " | ".join(
+            f"{b:.3f} → {a:.3f}" for b, a in zip(r["accuracy_before"], r["accuracy_after"]))
+            + f" | {r['optimizer_steps']} | {r['mask_updates']} |")
+    fit = [f"| config | largest micro-batch under {PROFILE} | measured peak there (MB) "
+           "| throughput there (windows/s) |", "|---|---:|---:|---:|"]
+    for r in rs:
+        tp = r["fit_throughput_windows_per_s"]
+        n = r["fit_max_micro_batch"]
+        fit.append(f"| {r['config']} | {n or 'none: one item is over budget'} | {mb(r['fit_peak_bytes'])} "
+                   f"| {'–' if tp is None else f'{tp:.1f}'} |")
+    recipes = ["| network | dense epochs | DST epochs | batch | peak lr | optimizer steps "
+               "| final train loss, dense → sparse | time (min) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for net, r in RECIPES.items():
+        dense = saved(f"pretrain-{net}-dense")
+        sparse = saved(f"pretrain-{net}-dst")
+        if sparse is None:
+            continue
+        d = dense or sparse["dense"]  # the DST run records the dense run it started from
+        loss = f"{d['final_loss']:.3f} → {sparse['final_loss']:.3f}"
+        minutes = (d["pretrain_time_s"] + sparse["pretrain_time_s"]) / 60
+        recipes.append(f"| {net} | {r.epochs} | {r.dst_epochs} | {r.batch} | {r.lr:g} "
+                       f"| {d['steps']} + {sparse['steps']} | {loss} | {minutes:.0f} |")
+    sweep = ["| population model (sweep runs on) | lr | " + " | ".join(
+        f"user {u}" for u in HELD_OUT_USERS) + " | mean | used by |",
+        "|---|---:|" + "---:|" * (len(HELD_OUT_USERS) + 1) + "---|"]
+    for rep in dict.fromkeys(c.sweep_config() for c in STACK):
+        users = [c.name for c in STACK if c.sweep_config() == rep]
+        chosen = chosen_lr(rep)
+        before = [next((r["accuracy_before"] for lr in LR_CANDIDATES
+                        if (r := saved(sweep_name(rep, lr, u)))), None) for u in HELD_OUT_USERS]
+        for lr, accs in {"before": before, **sweep_table(rep)}.items():
+            done = [a for a in accs if a is not None]
+            mean = f"{statistics.mean(done):.3f}" if len(done) == len(accs) else "–"
+            sweep.append(f"| {rep.network}{' DST' if rep.sparse else ''} ({rep.name}) "
+                         f"| {lr if lr == 'before' else f'{lr:g}'} | "
+                         + " | ".join("–" if a is None else f"{a:.3f}" for a in accs)
+                         + f" | {mean} | {', '.join(users) if lr == chosen else ''} |")
+    return {"stack-table": main, "stack-breakdown": parts, "stack-accuracy": acc,
+            "stack-fit": fit, "stack-recipes": recipes, "stack-lr": sweep}
+
+
+def plot(rs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from device_sim.measure import CATEGORIES
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["config"] for r in rs]
+    bottom = [0.0] * len(rs)
+    for cat in CATEGORIES:
+        vals = [r["breakdown"][cat] / 1e6 for r in rs]
+        ax.bar(names, vals, bottom=bottom, label=cat.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(names, [r["torch_peak_rss_bytes"] / 1e6 for r in rs], "kD--",
+            label="PyTorch eager peak RSS")
+    ax.set_yscale("log")  # the floor below the smallest first part, or log hides it
+    ax.set_ylim(bottom=0.5 * min(r["breakdown"][CATEGORIES[0]] for r in rs) / 1e6)
+    ax.set_ylabel("MB (log scale)")
+    ax.set_title(f"Peak training memory, {EFFECTIVE_BATCH} windows per step (measured)")
+    ax.legend(fontsize=8)
+    for i, r in enumerate(rs):
+        if rs[0]["config"] == "C1":
+            ax.annotate(f"{rs[0]['peak_bytes'] / r['peak_bytes']:.0f}×",
+                        (i, r["peak_bytes"] / 1e6), ha="center", va="bottom", fontsize=8)
+    ax2.bar(names, [r["accuracy_after_mean"] for r in rs], color="tab:gray")
+    for i, r in enumerate(rs):
+        ax2.plot([i] * len(r["accuracy_after"]), r["accuracy_after"], "k.", alpha=0.6)
+    ax2.set_ylim(0, 1)
+    ax2.set_title(f"Accuracy on held-out users {', '.join(map(str, HELD_OUT_USERS))} "
+                  "after personalisation")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report() -> None:
+    rs = rows()
+    save_results("stack", rs)
+    for name, lines in tables(rs).items():
+        replace_table(ROOT / "docs" / "results.md", lines, name)
+    if rs:
+        plot(rs, ROOT / "docs" / "img" / "stack.png")
+    done = {r["config"] for r in rs}
+    pending = [c.name for c in STACK if c.name not in done]
+    lines = headline(rs) if not pending else [
+        f"**Pending: {', '.join(pending)}.** The rows above are measured; the headline "
+        "(C1 → C6 cut and accuracy change) is written when every configuration has run. "
+        "`.venv/bin/python bench/stack.py` resumes where the last run stopped."]
+    replace_table(ROOT / "docs" / "results.md", lines, "stack-reading")
+    print("\n".join(lines))
+
+
+def headline(rs: list[dict]) -> list[str]:
+    """The acceptance figures, computed from the rows (seed: >= 82x for <= 3.3 points)."""
+    c1, c4, c6 = rs[0], rs[3], rs[5]
+    cut = c1["peak_bytes"] / c6["peak_bytes"]
+    drop = 100 * (c1["accuracy_after_mean"] - c6["accuracy_after_mean"])
+    verdict = ("meets" if cut >= 82 and drop <= 3.3 else "misses") + " the seed's bar (≥ 82× " \
+        "for ≤ 3.3 points)"
+    aim = ("meets" if cut >= 150 and drop <= 2 else "misses") + " the team's aim (≥ 150× for ≤ 2 points)"
+    return [
+        f"**Headline (one bench, every row from the same population models and recipes): C1 → C6 cuts the measured peak {cut:,.0f}× "
+        f"({c1['peak_bytes']:,} → {c6['peak_bytes']:,} bytes) for an accuracy change of "
+        f"{-drop:+.1f} points ({c1['accuracy_after_mean']:.3f} → "
+        f"{c6['accuracy_after_mean']:.3f}, mean over users "
+        f"{', '.join(map(str, HELD_OUT_USERS))}).** That {verdict} and {aim}.",
+        "",
+        f"* Memory techniques on one network (C1 → C4, ResNet-50): "
+        f"{c1['peak_bytes'] / c4['peak_bytes']:,.1f}× "
+        f"(sparse {c1['peak_bytes'] / rs[1]['peak_bytes']:.2f}×, then checkpointing "
+        f"{rs[1]['peak_bytes'] / rs[2]['peak_bytes']:.2f}×, then micro-batching "
+        f"{rs[2]['peak_bytes'] / c4['peak_bytes']:.2f}×).",
+        f"* Network change (C4 → C6): {c4['peak_bytes'] / c6['peak_bytes']:,.1f}× "
+        f"(MobileNetV1 {c4['peak_bytes'] / rs[4]['peak_bytes']:.2f}×, then patches "
+        f"{rs[4]['peak_bytes'] / c6['peak_bytes']:.2f}×).",
+        f"* Time: a step of {EFFECTIVE_BATCH} windows takes {c1['step_time_s']:.2f} s at C1 and "
+        f"{c6['step_time_s']:.2f} s at C6 on this machine; PyTorch eager takes "
+        f"{c1['torch_step_time_s']:.2f} s and {c6['torch_step_time_s']:.2f} s for the same steps.",
+    ]

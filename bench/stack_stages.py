@@ -1,0 +1,185 @@
+"""The stack bench's stages (pretrain, export, lrsweep, personalise, measure, fit, peer) and
+their run order (see bench/stack.py). Each stage returns the result saved under its name."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import stack_config as cfg
+from edgetrain.atomicfile import atomic_write
+from stack_config import (ARTIFACT_LR, ARTIFACTS, DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS,
+                          LR_CANDIDATES, MASK_UPDATES, PERSONALISE, PROFILE, ROOT, STACK,
+                          VAL_FRACTION, StackConfig, chosen_lr, cli, pretrain_config, saved,
+                          sweep_name)
+
+
+def stage_pretrain(network: str, sparse: bool) -> dict:
+    from exporters.pretrain import pretrain
+
+    _, summary = pretrain(pretrain_config(network, sparse), show_progress=True)
+    return {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
+
+
+def stage_export(c: StackConfig) -> dict:
+    import onnxruntime
+
+    from edgetrain.manifest import Plan
+    from exporters.pretrain import export_named
+
+    onnxruntime.set_default_logger_severity(3)
+    art = ARTIFACTS / c.key()
+    m = export_named(pretrain_config(c.network, c.sparse), art,
+                     Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
+                     lr=ARTIFACT_LR, show_progress=False, recompute=c.recompute)
+    return {"artifact": str(art), "trainable_bytes": m.trainable_bytes,
+            "masks": len(m.masks), "kept_weights": sum(k.nnz for k in m.masks),
+            "masked_numel": sum(k.numel for k in m.masks),
+            "checkpoints": len(m.plan.checkpoints), "recomputed": len(m.plan.recomputed),
+            "predicted_peak_bytes": m.predicted["peak_bytes"]}
+
+
+def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str]:
+    args = ["personalise", art, "--budget", "64GiB", "--out", str(out), "--lr", repr(lr),
+            "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json"]
+    if c.sparse:
+        args += ["--mask-update", MASK_UPDATES["mask_update"],
+                 "--mask-every", str(MASK_UPDATES["mask_every"]),
+                 "--drop-fraction", str(MASK_UPDATES["drop_fraction"]),
+                 "--mask-end", str(MASK_UPDATES["mask_end"])]
+    return args
+
+
+def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
+    lr = chosen_lr(c)
+    assert lr is not None, f"{c.name}: personalisation before its learning-rate sweep"
+    out = ARTIFACTS / "runs" / f"{c.personalise_key()}-user{user}"
+    return cli(*personalise_args(c, art, out, lr), "--user", str(user))
+
+
+def validation_files(user: int) -> tuple[Path, Path]:
+    """The user's personalisation arm as train.npz and val.npz (edgetrain --data/--test)."""
+    from edgetrain import data
+
+    folder = ARTIFACTS / "lrsweep-data"
+    paths = tuple(folder / f"user{user}-v{VAL_FRACTION:g}-{s}.npz" for s in ("train", "val"))
+    if not all(p.is_file() for p in paths):
+        folder.mkdir(parents=True, exist_ok=True)
+        split = data.validation_split(data.load_recordings(), user, VAL_FRACTION)
+        for path, (x, y) in zip(paths, split):  # two sweep threads may write one file
+            with atomic_write(path) as tmp, open(tmp, "wb") as f:
+                np.savez(f, x=x, y=y)
+    return paths
+
+
+SWEEP_WINDOWS_PER_MICRO_BATCH = 8  # the sweep's micro-batches hold at least 8 windows
+
+
+def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
+    """One sweep run. Micro-batches of one window (C5) or one patch (C6) are merged to
+    SWEEP_WINDOWS_PER_MICRO_BATCH windows: the same update (BatchNorm frozen, gradients summed
+    and scaled by 1/k over the same 32 windows), fewer runtime calls. Memory is not measured
+    here."""
+    train, val = validation_files(user)
+    out = ARTIFACTS / "runs" / sweep_name(c, lr, user)
+    args = personalise_args(c, art, out, lr) + ["--data", str(train), "--test", str(val)]
+    items = SWEEP_WINDOWS_PER_MICRO_BATCH * c.items_per_window
+    if c.micro_batch < items:
+        args += ["--micro-batch", str(items),
+                 "--accumulate", str(EFFECTIVE_BATCH // SWEEP_WINDOWS_PER_MICRO_BATCH)]
+    return cli(*args)
+
+
+def stage_measure(c: StackConfig, art: str) -> dict:
+    return cli("measure", art, "--batch", str(c.micro_batch), "--accumulate",
+               str(c.accumulation), "--steps", "3", "--json")
+
+
+def stage_fit(art: str) -> dict:
+    return cli("fit", art, "--device", PROFILE, "--json")
+
+
+def stage_peer(c: StackConfig) -> dict:
+    spec = {"network": c.network, "width": 1.0, "density": DENSITY if c.sparse else 1.0,
+            "recompute": c.recompute, "micro_batch": c.micro_batch,
+            "accumulation": c.accumulation, "patch": c.network == "patch_mobilenet",
+            "steps": 3 if c.accumulation <= 64 else 1}  # C6: 1,568 eager micro-steps a step
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "torch_peer.py"), json.dumps(spec)],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"torch peer {c.name} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout)
+
+
+NETWORK_ORDER = ("patch_mobilenet", "mobilenet_v1", "resnet50")  # cheapest first
+
+
+def tasks(only: str | None, network: str | None = None):
+    """(name, function) in run order; names are the files under bench/results/stack/.
+
+    Cheapest network first (patch MobileNet, MobileNetV1, then ResNet-50), each carried
+    through every stage before the next is pretrained: a stage that fails does so within
+    minutes, not after the hour of ResNet-50 pretraining."""
+    order = [n for n in NETWORK_ORDER if network in (None, n)]
+    nets = [(n, s) for n in order for s in (False, True)
+            if any(c.network == n and c.sparse == s for c in STACK)]
+    pretrains = [(f"pretrain-{n}-{'dst' if s else 'dense'}",
+                  lambda n=n, s=s: stage_pretrain(n, s)) for n, s in nets]
+    if only == "pretrain":
+        yield from pretrains
+        return
+    for net in order:
+        yield from (p for p in pretrains if p[0].startswith(f"pretrain-{net}-"))
+        group = [c for c in STACK if c.network == net]
+        for c in group:
+            yield f"export-{c.key()}", lambda c=c: stage_export(c)
+        for rep in dict.fromkeys(c.sweep_config() for c in group):
+            for lr in LR_CANDIDATES:
+                for u in HELD_OUT_USERS:
+                    yield sweep_name(rep, lr, u), lambda c=rep, lr=lr, u=u: stage_lrsweep(
+                        c, saved(f"export-{c.key()}")["artifact"], lr, u)
+        for c in group:  # names resolve once the sweep is saved (main() re-lists tasks)
+            for u in HELD_OUT_USERS:
+                yield f"personalise-{c.personalise_key()}-user{u}", lambda c=c, u=u: \
+                    stage_personalise(c, saved(f"export-{c.key()}")["artifact"], u)
+        # Timed stages after the group's personalisation runs, so nothing else of the
+        # bench runs on the machine while they time.
+        for c in group:
+            yield f"measure-{c.key()}", lambda c=c: stage_measure(c, saved(f"export-{c.key()}")["artifact"])
+            yield f"peer-{c.key()}", lambda c=c: stage_peer(c)
+        for c in group:
+            yield f"fit-{c.key()}", lambda c=c: stage_fit(saved(f"export-{c.key()}")["artifact"])
+
+
+def group_names(network: str) -> list[str]:
+    """Every task name of one network: its pretraining and its configurations' stages."""
+    keys = [c.key() for c in STACK if c.network == network]
+    return [n for n, _ in tasks(None)
+            if n.startswith(f"pretrain-{network}-") or any(k in n for k in keys)]
+
+
+def forget_stale_groups() -> list[str]:
+    """Saved results travel with the repository; the models and artifacts they name live in
+    .cache and may not (another machine). A network whose stages are not all done and whose
+    saved pretraining or export lost its file starts over from pretraining, so that every
+    row comes from one model. Returns the result names forgotten."""
+    forgotten = []
+    for net in NETWORK_ORDER:
+        results = {n: saved(n) for n in group_names(net)}
+        if all(results.values()):
+            continue  # finished: nothing will read its files again
+        lost = [n for n, r in results.items() if r and (
+            (n.startswith("pretrain-") and not (cfg.ROOT / r["cache"]).is_file())
+            or (n.startswith("export-") and not (cfg.ROOT / r["artifact"]).is_dir()))]
+        if lost:
+            tqdm.write(f"{net}: the files behind {', '.join(lost)} are gone (another machine's "
+                       f"cache?); redoing {net} from pretraining so every row comes from one model")
+            for n, r in results.items():
+                if r:
+                    (cfg.STATE / f"{n}.json").unlink()
+                    forgotten.append(n)
+    return forgotten

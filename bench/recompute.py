@@ -16,6 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from edgetrain.names import MANIFEST_NAME
 from common import ROOT, replace_table, run, save_results
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
@@ -27,7 +28,7 @@ def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict
     extra = ["--budget", str(budget)] if budget else []
     run("export", "--model", net, "--epochs", "0", "--no-cache", "--recompute", planner,
         "--micro-batch", str(BATCH), "--out", str(art), *extra)
-    return json.loads((art / "manifest.json").read_text())
+    return json.loads((art / MANIFEST_NAME).read_text())
 
 
 def measure(art: Path, budget: int | None) -> dict:

@@ -13,6 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from edgetrain.names import MANIFEST_NAME
 from common import ROOT, replace_table, run, save_results
 
 DENSITIES = (1.0, 0.5, 0.2, 0.1)
@@ -26,7 +27,7 @@ def main() -> None:
             art = Path(tmp) / f"d{density}"
             run("export", "--model", NETWORK, "--epochs", "0", "--no-cache", "--density",
                 str(density), "--out", str(art))
-            manifest = json.loads((art / "manifest.json").read_text())
+            manifest = json.loads((art / MANIFEST_NAME).read_text())
             r = json.loads(run("measure", str(art), "--batch", str(BATCH), "--json"))
             b = r["breakdown"]
             rows.append({

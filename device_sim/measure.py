@@ -144,6 +144,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     import numpy as np
 
     from edgetrain.budget import BudgetError
+    from edgetrain import names
     from edgetrain.ort_device import onnxruntime
 
     ort = onnxruntime()
@@ -176,11 +177,11 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
             rt.optimizer_step(1.0 / accumulation)
             times.append(time.perf_counter() - t0)
         mark("other")
-        rt.save_checkpoint(Path(tmp) / "checkpoint")
+        rt.save_checkpoint(Path(tmp) / names.RUN_CHECKPOINT)
         mark("eval")
         rt.eval_logits(x)
         mark("other")
-        path = rt.export_inference(Path(tmp) / "inference.onnx")
+        path = rt.export_inference(Path(tmp) / names.RUN_INFERENCE_MODEL)
         mark("inference")
         rt.inference_logits(path, x)
         mark("end")

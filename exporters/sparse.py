@@ -36,7 +36,7 @@ class SparseWeight(nn.Module):
         positions = positions.sort().values
         flat = weight.detach().reshape(-1)
         self.weight_values = nn.Parameter(flat[positions].clone())
-        self.register_buffer("weight_positions", positions.to(torch.int32))
+        self.register_buffer(names.POSITIONS_SUFFIX, positions.to(torch.int32))
 
     def dense(self) -> torch.Tensor:
         numel = math.prod(self.shape)

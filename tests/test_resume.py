@@ -212,3 +212,22 @@ def test_resume_keeps_masks_and_the_mask_update_schedule(data_files, tmp_path):
     assert "conv.weight_positions" in want
     for k in want:
         np.testing.assert_array_equal(np.array(got[k]), np.array(want[k]), err_msg=k)
+
+
+def test_fault_points_are_a_seam_only_the_simulator_arms(monkeypatch):
+    """The runtime names its fault points; it never reads EDGETRAIN_FAULT itself."""
+    from device_sim.faults import install_from_env, kill_at
+    from edgetrain.faultpoints import fault_point, install_hook
+
+    monkeypatch.setenv(ENV, "step:1")
+    fault_point("step")  # no hook installed (as on a device): nothing happens
+    calls = []
+    install_hook(lambda name, path: calls.append(name))
+    try:
+        fault_point("step")
+    finally:
+        install_hook(None)
+    assert calls == ["step"]
+    with pytest.raises(ValueError, match="names no fault point"):
+        kill_at("nowhere:1")
+    assert install_from_env({}) is False

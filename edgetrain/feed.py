@@ -1,8 +1,12 @@
 """Turn a user's samples into model inputs, one micro-batch at a time.
 
-An *item* is what one forward call sees per row: a whole image, or one patch of one image
-for a patch model. Images are made on demand (a 32x32 GASF patch is computed from just the
-64 time points it spans), so the device never holds the whole data set as images.
+An *item* is what one forward call sees per row: a whole sample, or one patch of one image
+for a patch model. Inputs are made on demand from the user's arrays (a 32x32 GASF patch is
+computed from just the 64 time points it spans; a raw IMU window is standardised when its
+micro-batch is built), so the device never holds the whole data set a second time.
+
+Samples may have any fixed shape: images [C, H, W], time series [C, T] or [T, F], feature
+vectors; patching applies to [C, H, W] images only.
 """
 from __future__ import annotations
 
@@ -18,16 +22,27 @@ class Feed:
         inp = manifest.input
         self.y = y
         self.patch = manifest.plan.patch_size
-        c, h, w = inp.image_shape
-        self.grid = (h // self.patch, w // self.patch) if self.patch else (1, 1)
+        if self.patch:
+            if len(inp.image_shape) != 3:
+                raise data.DataError(f"patching needs [C, H, W] images; this artifact's "
+                                     f"samples are {list(inp.image_shape)}: re-export it "
+                                     "without a patch size")
+            _, h, w = inp.image_shape
+            self.grid = (h // self.patch, w // self.patch)
+        else:
+            self.grid = (1, 1)
         self.per_sample = self.grid[0] * self.grid[1]
+        self._x = x
+        self._signals = None
         if inp.preprocess == "imu_gasf":
             a = inp.preprocess_args
-            self._signals = data.standardised_signals(x, a["mean"], a["scale"], h)
-            self._images = None
-        else:
-            self._signals = None
-            self._images = x
+            self._signals = data.standardised_signals(x, a["mean"], a["scale"],
+                                                      inp.image_shape[1])
+        elif inp.preprocess == "imu_window":
+            a = inp.preprocess_args
+            self._mean = np.asarray(a["mean"], np.float32)
+            self._scale = np.asarray(a["scale"], np.float32)
+            self._channels_first = inp.layout == "CT"
 
     def __len__(self) -> int:
         return len(self.y) * self.per_sample
@@ -41,19 +56,26 @@ class Feed:
 
     def inputs(self, items: np.ndarray) -> np.ndarray:
         """Model inputs for item indices: [B, *sample_shape] float32."""
-        out = np.empty((len(items), *self.manifest.input.sample_shape), np.float32)
+        inp = self.manifest.input
+        out = np.empty((len(items), *inp.sample_shape), np.float32)
         for k, item in enumerate(items):
             s, p = divmod(int(item), self.per_sample)
+            if inp.preprocess == "imu_window":
+                w = (self._x[s] - self._mean) / self._scale  # [T, 6]
+                out[k] = w.T if self._channels_first else w
+                continue
             if self.patch:
                 r, c = divmod(p, self.grid[1])
-                rows = slice(r * self.patch, (r + 1) * self.patch)
-                cols = slice(c * self.patch, (c + 1) * self.patch)
+                region = (slice(r * self.patch, (r + 1) * self.patch),
+                          slice(c * self.patch, (c + 1) * self.patch))
             else:
-                rows = cols = slice(None)
+                region = (slice(None), slice(None))
             if self._signals is not None:
-                out[k] = data.gasf_region(self._signals[s], rows, cols)
+                out[k] = data.gasf_region(self._signals[s], *region)
+            elif self.patch:
+                out[k] = self._x[s][:, region[0], region[1]]
             else:
-                out[k] = self._images[s][:, rows, cols]
+                out[k] = self._x[s]
         return out
 
     def sample_logits(self, item_logits: np.ndarray) -> np.ndarray:

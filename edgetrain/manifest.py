@@ -40,30 +40,54 @@ class TensorSpec:
         return n * _itemsize(self.dtype)
 
 
+PREPROCESSES = ("none", "imu_gasf", "imu_window")
+IMU_CHANNELS = 6  # ax, ay, az, wx, wy, wz
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """What one sample given to the runtime looks like (the leading batch axis is implicit)."""
 
     name: str  # graph input name
-    sample_shape: tuple[int, ...]  # shape of one model input, e.g. (3, 32, 32) for a patch
+    sample_shape: tuple[int, ...]  # shape of one model input, e.g. (3, 32, 32), (6, 200)
     dtype: str
     label_name: str  # graph input name of the labels
     # One whole sample before patching, e.g. (3, 224, 224); equals sample_shape without patching.
     image_shape: tuple[int, ...]
-    # How a user's `x` array is turned into images, applied on device:
-    #   "none": x is [N, *image_shape] already
-    #   "imu_gasf": x is [N, window_samples, 6] raw IMU windows (see edgetrain/data.py)
+    # How a user's `x` array is turned into model inputs, applied on device:
+    #   "none": x is [N, *image_shape] already (any number of axes)
+    #   "imu_gasf": x is [N, window_samples, 6] raw IMU windows, made into GASF images
+    #   "imu_window": x is [N, window_samples, 6] raw IMU windows, standardised per channel
+    #     (mean, scale) and laid out as the layout says: "CT" -> [6, T], "TC" -> [T, 6]
     preprocess: str = "none"
     preprocess_args: dict = field(default_factory=dict)
+    # Names of the sample's axes, one letter each: C channels, H/W image rows/columns,
+    # T time, F features ("CHW", "CT", "TF"); "" when the exporter was not told.
+    layout: str = ""
+
+    def __post_init__(self):
+        if self.preprocess not in PREPROCESSES:
+            raise ArtifactError(f"unknown preprocess {self.preprocess!r}; this runtime knows "
+                                f"{', '.join(PREPROCESSES)}")
+        if self.layout and len(self.layout) != len(self.sample_shape):
+            raise ArtifactError(f"input layout {self.layout!r} names {len(self.layout)} axes, "
+                                f"the sample shape {list(self.sample_shape)} has "
+                                f"{len(self.sample_shape)}; re-export the artifact")
+        if self.preprocess == "imu_window":
+            t = int(self.preprocess_args.get("window_samples", -1))
+            want = {"CT": (IMU_CHANNELS, t), "TC": (t, IMU_CHANNELS)}.get(self.layout)
+            if want is None or tuple(self.sample_shape) != want:
+                raise ArtifactError(
+                    f"preprocess imu_window needs layout CT or TC and a sample of "
+                    f"[{IMU_CHANNELS}, window_samples] or [window_samples, {IMU_CHANNELS}]; "
+                    f"the manifest says layout {self.layout!r}, sample "
+                    f"{list(self.sample_shape)}; re-export the artifact")
 
     def data_shape(self) -> tuple[int, ...]:
         """Per-sample shape of the `x` array a user supplies."""
         if self.preprocess == "none":
             return self.image_shape
-        if self.preprocess == "imu_gasf":
-            return (int(self.preprocess_args["window_samples"]), 6)
-        raise ArtifactError(f"unknown preprocess {self.preprocess!r}; this runtime knows "
-                            "'none' and 'imu_gasf'")
+        return (int(self.preprocess_args["window_samples"]), IMU_CHANNELS)
 
 
 @dataclass(frozen=True)

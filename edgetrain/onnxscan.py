@@ -96,3 +96,45 @@ def external_data(data: bytes) -> list[tuple[str, str]]:
 
     walk(memoryview(data), "model", 0)
     return found
+
+
+# onnx TensorProto data_type -> bytes per element (strings are not counted)
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8,
+             14: 8, 15: 16, 16: 2}
+_TENSOR_DIMS, _TENSOR_DATA_TYPE = 1, 2
+
+
+def _tensor_bytes(tensor: memoryview) -> int:
+    numel, itemsize = 1, 0
+    for field, wire, value in _fields(tensor):
+        if field == _TENSOR_DIMS and wire == 0:
+            numel *= value
+        elif field == _TENSOR_DIMS and wire == 2:  # packed dims
+            i = 0
+            while i < len(value):
+                d, i = _varint(value, i)
+                numel *= d
+        elif field == _TENSOR_DATA_TYPE and wire == 0:
+            itemsize = _ITEMSIZE.get(value, 0)
+    return numel * itemsize
+
+
+def constant_bytes(data: bytes) -> int:
+    """Bytes of the main graph's stored tensors: its initializers and its Constant nodes'
+    values (element count x element size). A session holds these; exporting a model for
+    inference turns Constant nodes into initializers. Raises MalformedOnnx."""
+    total = 0
+    for field, wire, graph in _fields(memoryview(data)):
+        if field != 7 or wire != 2:  # ModelProto.graph
+            continue
+        for gfield, gwire, item in _fields(graph):
+            if gfield == 5 and gwire == 2:  # GraphProto.initializer
+                total += _tensor_bytes(item)
+            elif gfield == 1 and gwire == 2:  # GraphProto.node
+                fields = list(_fields(item))
+                if any(f == 4 and w == 2 and bytes(v) == b"Constant" for f, w, v in fields):
+                    for f, w, attr in fields:  # NodeProto.attribute -> AttributeProto.t
+                        if f == 5 and w == 2:
+                            total += sum(_tensor_bytes(t) for af, aw, t in _fields(attr)
+                                         if af == 5 and aw == 2)
+    return total

@@ -21,6 +21,7 @@ from edgetrain.atomicfile import atomic_write
 from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena, state_bytes
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
+from edgetrain.onnxscan import constant_bytes
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
@@ -32,6 +33,14 @@ _OPENED = False  # the env arena is per process: one runtime per process
 def state_bytes_of(manifest: Manifest) -> int:
     """Bytes the checkpoint tensors occupy once loaded: one arena chunk per tensor."""
     return state_bytes(manifest.trainable + manifest.frozen)
+
+
+def inference_bytes_of(folder: Path, manifest: Manifest) -> int:
+    """Bytes an inference session on the exported model holds: every checkpoint tensor (now
+    an initializer) and the eval graph's constants. Outside every capped arena, so reserved."""
+    eval_graph = (folder / manifest.files[names.EVAL_MODEL].path).read_bytes()
+    return (sum(t.nbytes for t in manifest.trainable + manifest.frozen)
+            + constant_bytes(eval_graph))
 
 
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
@@ -47,7 +56,9 @@ class DeviceRuntime:
             raise RuntimeError("one DeviceRuntime per process: the memory cap is process-wide")
         self.folder = Path(folder)
         self.manifest = m = load_manifest(self.folder)  # verifies sizes and hashes
-        self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m))
+        self.inference_bytes = inference_bytes_of(self.folder, m)
+        self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m),
+                                              self.inference_bytes)
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
@@ -235,8 +246,16 @@ class DeviceRuntime:
                           x, self.micro_batch, self.manifest.num_classes)
 
     def inference_logits(self, model_path: str | os.PathLike, x: np.ndarray) -> np.ndarray:
-        """Logits of an exported inference model, in a plain InferenceSession inside the cap."""
+        """Logits of an exported inference model, in a plain InferenceSession inside the cap:
+        its weights take the bytes reserved for them (inference_bytes)."""
         if self._infer is None or self._infer[0] != str(model_path):
+            need = constant_bytes(Path(model_path).read_bytes())
+            if need > self.inference_bytes:
+                raise BudgetError(
+                    f"the inference model {model_path} holds {need} bytes of weights and "
+                    f"constants, more than the {self.inference_bytes} bytes reserved for it; "
+                    "use the inference model this runtime exported",
+                    self.split.budget_bytes if self.split else 0, None)
             self._infer = (str(model_path), self._ort.InferenceSession(
                 str(model_path), self._session_options(), providers=["CPUExecutionProvider"]))
         sess, name = self._infer[1], self.manifest.input.name
@@ -259,4 +278,4 @@ class DeviceRuntime:
 
 
 __all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "state_bytes_of",
-           "runtime_threads"]
+           "inference_bytes_of", "runtime_threads"]

@@ -20,7 +20,7 @@ def user_data(artifact: str, user: int | None, data_file: str | None,
     m = load_manifest(artifact, verify=False)  # the runtime verifies files when it opens
     shape, k = m.input.data_shape(), m.num_classes
     if user is not None:
-        if m.input.preprocess != "imu_gasf":
+        if m.input.preprocess not in ("imu_gasf", "imu_window"):
             raise data.DataError(f"--user needs an artifact built on the IMU data; "
                                  f"{artifact} takes {m.input.preprocess!r} input: use --data")
         seen = m.provenance.get("population_subjects", [])

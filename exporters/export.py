@@ -1,31 +1,28 @@
 """torch.nn.Module -> edgetrain artifact (ORT training/eval/optimizer graphs, checkpoint, manifest).
 
 Works for any module built from operators the legacy ONNX exporter and ORT's gradient builder
-support. Fixes applied (shared/notes/ort-training.md):
-  * exporting in TRAINING mode runs the model once and moves BatchNorm running stats: the
-    original values are written back into the ONNX initializers before artifacts are built;
-  * the eval graph keeps BatchNormalization's training-only outputs, which ORT then refuses to
-    load: they are deleted.
+support (docs/byom.md lists them); anything else is refused with the module, the operator and
+what to use instead (exporters/operators.py). The fixes ORT needs are in onnxfixes.py.
+An export is atomic: everything is written into a temporary folder beside `out`, which is
+renamed to `out` only when the manifest is complete; a failure leaves no folder behind.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
-import io
 import os
-import sys
+import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
-import onnx
 import torch
-from onnx import numpy_helper
 
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from exporters.batchnorm import freeze_batchnorm_layers
+from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
+                                 torch_to_onnx)
+from exporters.operators import check_operators, explain_artifact_failure
 from exporters.predictor import predict
 from exporters.recompute import plan_and_rewrite
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
@@ -40,7 +37,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     freeze_batchnorm: bool = False, recompute: str = "none",
                     recompute_budget_bytes: int | None = None, density: float = 1.0,
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
-                    mask_seed: int = 0) -> Manifest:
+                    mask_seed: int = 0, layout: str | None = None) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -55,11 +52,49 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     density: below 1, Conv2d and Linear weights are masked to this overall density
     (exporters.sparse: per-layer allocation `mask_allocation`, first mask `mask_init`); the
     artifact then holds only the kept values and their positions (manifest `masks`).
+    layout: the sample's axes, one letter each ("CHW", "CT", "TF"); default "CHW" for a 3-D
+    sample, else unnamed.
     """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        manifest = _export_into(work, model, example_input, classes=classes,
+                                trainable=trainable, plan=plan, lr=lr, model_name=model_name,
+                                image_shape=image_shape, preprocess=preprocess,
+                                preprocess_args=preprocess_args, provenance=provenance,
+                                freeze_batchnorm=freeze_batchnorm, recompute=recompute,
+                                recompute_budget_bytes=recompute_budget_bytes,
+                                density=density, mask_allocation=mask_allocation,
+                                mask_init=mask_init, mask_seed=mask_seed, layout=layout)
+        _replace_folder(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _replace_folder(work: Path, out: Path) -> None:
+    """Put the finished `work` folder at `out`, replacing an older artifact there."""
+    if not out.exists():
+        os.rename(work, out)
+        return
+    if not (out / names.MANIFEST_NAME).is_file() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not an edgetrain artifact; choose another --out "
+                         "folder (nothing was written)")
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(work, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor, *, classes,
+                 trainable, plan: Plan, lr: float, model_name: str, image_shape, preprocess,
+                 preprocess_args, provenance, freeze_batchnorm: bool, recompute: str,
+                 recompute_budget_bytes, density: float, mask_allocation: str, mask_init: str,
+                 mask_seed: int, layout: str | None) -> Manifest:
+    """export_artifact's work, written into the (empty, temporary) folder `out`."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
     model, masks = sparsify(model, density, mask_allocation, mask_init, mask_seed)
@@ -77,35 +112,28 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     buffers = {n: b for n, b in model.named_buffers() if b.is_floating_point() or n in positions}
     frozen = [n for n in params if n not in trainable] + list(buffers)
     saved = {n: t.detach().clone() for n, t in list(params.items()) + list(buffers.items())}
-
-    model = model.train()
-    buf = io.BytesIO()
-    with warnings.catch_warnings():  # the legacy exporter is deliberate (ORT training needs it)
-        warnings.simplefilter("ignore")
-        _export(model, example_input, buf)
-    # The export ran the model in training mode; put every tensor back as it was.
-    with torch.no_grad():
-        for n, t in saved.items():
-            (params.get(n) if n in params else buffers[n]).copy_(t)
-    fwd = onnx.load_from_string(buf.getvalue())
-    inits = {i.name: i for i in fwd.graph.initializer}
-    missing = [n for n in trainable + frozen if n not in inits]
-    if missing:
-        raise ValueError(f"tensors {missing[:5]} did not survive ONNX export under their PyTorch "
-                         "names (the exporter folded or renamed them); export a module whose "
-                         "parameters are used directly by supported operators")
-    for n, t in saved.items():
-        inits[n].CopyFrom(numpy_helper.from_array(t.cpu().numpy(), n))
-
-    with tempfile.TemporaryDirectory() as tmp, _native_stderr_captured():
-        artifacts.generate_artifacts(
-            fwd, requires_grad=trainable, frozen_params=frozen,
-            loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-            artifact_directory=tmp, additional_output_names=[LOGITS_NAME])
-        for role, name in FILES.items():
-            (out / name).write_bytes((Path(tmp) / name).read_bytes())
-    _fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     sample_shape = tuple(int(d) for d in example_input.shape[1:])
+    input_spec = InputSpec(name=INPUT_NAME, sample_shape=sample_shape, dtype="float32",
+                           label_name=LABEL_NAME,
+                           image_shape=tuple(image_shape) if image_shape else sample_shape,
+                           preprocess=preprocess, preprocess_args=dict(preprocess_args or {}),
+                           layout=layout if layout is not None else
+                           ("CHW" if len(sample_shape) == 3 else ""))
+    fwd = torch_to_onnx(model, example_input, saved)
+    check_operators(fwd)
+
+    log: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp, native_stderr_captured(log):
+            artifacts.generate_artifacts(
+                fwd, requires_grad=trainable, frozen_params=frozen,
+                loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
+                artifact_directory=tmp, additional_output_names=[LOGITS_NAME])
+            for role, name in FILES.items():
+                (out / name).write_bytes((Path(tmp) / name).read_bytes())
+    except Exception as e:
+        raise explain_artifact_failure(e, fwd, log) from e
+    fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
@@ -120,7 +148,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                recomputed=rplan.recomputed,
                                recompute_budget_bytes=recompute_budget_bytes)
-    optimizer = _optimizer_settings(out / FILES[names.OPTIMIZER_MODEL], lr)
+    optimizer = optimizer_settings(out / FILES[names.OPTIMIZER_MODEL], lr)
     files = dict(FILES)
     if masks:
         files[names.MASK_GRAD_MODEL] = SIDE_FILES[names.MASK_GRAD_MODEL]
@@ -136,88 +164,9 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,
         files={role: file_entry(out, name) for role, name in files.items()},
-        input=InputSpec(name=INPUT_NAME, sample_shape=sample_shape, dtype="float32",
-                        label_name=LABEL_NAME,
-                        image_shape=tuple(image_shape) if image_shape else sample_shape,
-                        preprocess=preprocess, preprocess_args=dict(preprocess_args or {})),
+        input=input_spec,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
         optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
         masks=masks)
     manifest.write(out)
     return manifest
-
-
-class FrozenBatchNorm2d(torch.nn.Module):
-    """BatchNorm2d with fixed statistics: y = x * w / sqrt(var + eps) + (b - mean * scale)."""
-
-    def __init__(self, bn: torch.nn.BatchNorm2d):
-        super().__init__()
-        self.weight = torch.nn.Parameter(bn.weight.detach().clone())
-        self.bias = torch.nn.Parameter(bn.bias.detach().clone())
-        self.register_buffer("running_mean", bn.running_mean.detach().clone())
-        self.register_buffer("running_var", bn.running_var.detach().clone())
-        self.eps = bn.eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, H, W]
-        scale = self.weight / torch.sqrt(self.running_var + self.eps)
-        shift = self.bias - self.running_mean * scale
-        return x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
-
-
-def freeze_batchnorm_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` with every BatchNorm2d replaced by FrozenBatchNorm2d (same names)."""
-    model = copy.deepcopy(model)
-    for name, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.BatchNorm2d):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, FrozenBatchNorm2d(module))
-    return model
-
-
-@contextlib.contextmanager
-def _native_stderr_captured():
-    """ORT's gradient builder logs every graph pass at INFO from C++, whatever Python sets.
-    Capture file descriptor 2 while it runs; show the captured tail only if it fails."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            log.seek(0)
-            tail = log.read().decode(errors="replace").splitlines()[-20:]
-            sys.stderr.write("\n".join(tail) + "\n")
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _export(model: torch.nn.Module, example_input: torch.Tensor, buf: io.BytesIO) -> None:
-    torch.onnx.export(model, (example_input,), buf, input_names=[INPUT_NAME],
-                      output_names=[LOGITS_NAME],
-                      dynamic_axes={INPUT_NAME: {0: names.BATCH_AXIS},
-                                    LOGITS_NAME: {0: names.BATCH_AXIS}},
-                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, dynamo=False)
-
-
-def _fix_eval_batchnorm(path: Path) -> None:
-    m = onnx.load(str(path))
-    for node in m.graph.node:
-        if node.op_type == "BatchNormalization" and len(node.output) > 1:
-            del node.output[1:]
-    onnx.save(m, str(path))
-
-
-def _optimizer_settings(path: Path, lr: float) -> dict:
-    """Read the optimizer's hyper-parameters from its graph, so the manifest states the truth."""
-    m = onnx.load(str(path))
-    node = next(n for n in m.graph.node if n.op_type == "AdamWOptimizer")
-    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
-    return {"type": "AdamW", "lr": lr, "beta1": round(a["alpha"], 6),
-            "beta2": round(a["beta"], 6), "eps": a["epsilon"],
-            "weight_decay": a["weight_decay"]}

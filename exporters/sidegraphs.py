@@ -27,6 +27,7 @@ from torch import nn
 
 from edgetrain import names
 from edgetrain.manifest import MaskSpec
+from exporters.batchnorm import BatchStatsNorm, batchnorm_layers
 from exporters.graph import ancestors
 
 
@@ -59,26 +60,6 @@ def write_mask_grad_model(training_path: Path, masks: tuple[MaskSpec, ...], out:
     onnx.save(result, str(out))
 
 
-class BatchStatsNorm(nn.Module):
-    """BatchNorm that normalises by its batch's statistics and records them (no running ones).
-
-    Same parameter names as nn.BatchNorm2d (weight, bias), so the exported graph reads the
-    artifact's tensors."""
-
-    def __init__(self, bn: nn.Module, name: str, record: list):
-        super().__init__()
-        self.weight, self.bias, self.eps = bn.weight, bn.bias, bn.eps
-        self.name, self.record = name, record
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, H, W]
-        mean = x.mean(dim=(0, 2, 3))
-        var = x.var(dim=(0, 2, 3), unbiased=False)
-        n = x.shape[0] * x.shape[2] * x.shape[3]
-        self.record.append((self.name, mean, var * n / max(n - 1, 1)))
-        y = (x - mean.view(1, -1, 1, 1)) / torch.sqrt(var.view(1, -1, 1, 1) + self.eps)
-        return y * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
-
-
 class _WithStats(nn.Module):
     def __init__(self, model: nn.Module, record: list):
         super().__init__()
@@ -88,12 +69,6 @@ class _WithStats(nn.Module):
         self.record.clear()
         logits = self.model(x)
         return (logits, *[t for _, mean, var in self.record for t in (mean, var)])
-
-
-def batchnorm_layers(model: nn.Module) -> list[str]:
-    """Names of the layers RESET re-estimates: anything with BatchNorm's four tensors."""
-    return [n for n, m in model.named_modules()
-            if all(hasattr(m, a) for a in ("weight", "bias", "running_mean", "running_var", "eps"))]
 
 
 def write_batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, out: Path,

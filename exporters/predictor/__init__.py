@@ -1,7 +1,8 @@
 """The static predictor: the peak bytes of a training cycle, from the artifact alone.
 
 One entry point, `predict(...) -> Prediction`. Exact: parameters, gradients, AdamW moments
-(each tensor one 256-byte-rounded arena chunk) and the runtime's scalars. Simulated:
+(each tensor one 256-byte-rounded arena chunk), the runtime's scalars and the inference
+session's weights and constants. Simulated:
 activations = the memory-pattern block of the training graph (plan.py) plus the run-time
 allocations outside it (scratch.py), for the intra-op thread count the runtime will use (the
 manifest's plan), never the exporting machine's. It models onnxruntime-training 1.19.2's
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
+from edgetrain.onnxscan import constant_bytes as graph_constants
 from exporters.graph import load_graph
 from exporters.predictor.plan import plan_step
 from exporters.predictor.scratch import scratch_bytes
@@ -79,6 +81,8 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
     plan = plan_step(train, batch)
+    eval_graph = (folder / files[names.EVAL_MODEL]).read_bytes()
+    inference = sum(t.nbytes for t in list(trainable) + list(frozen)) + graph_constants(eval_graph)
     breakdown = {
         "parameters": state_bytes(list(trainable) + list(frozen)),
         "gradients": grads,
@@ -86,7 +90,7 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
         "activations": arena_rounded(plan.pattern_bytes) + scratch_bytes(train, batch, threads),
         "other": (constant_bytes(train, state)
                   + constant_bytes(str(folder / files[names.EVAL_MODEL]), state)
-                  + RUNTIME_SCALAR_BYTES),
+                  + RUNTIME_SCALAR_BYTES + inference),
     }
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
                       breakdown=breakdown, onnxruntime=version)

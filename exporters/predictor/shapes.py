@@ -45,7 +45,7 @@ def tensor_shapes(model: onnx.ModelProto, batch: int) -> Shapes:
         for d in v.type.tensor_type.shape.dim:
             if d.dim_param in batch_params:
                 d.dim_value = batch
-    m = shape_inference.infer_shapes(m, strict_mode=False)
+    m = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
     out: Shapes = {}
     for v in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
         t = v.type.tensor_type

@@ -41,6 +41,7 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
            **r.to_dict(), "predicted_peak_bytes": pred.peak_bytes,
            "predicted_breakdown": pred.breakdown, "predicted_threads": pred.threads,
+           "predicted_complete": pred.complete, "prediction_caveat": pred.caveat(),
            "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,
            "recompute": {"planner": manifest.plan.recompute,
                          "checkpoints": list(manifest.plan.checkpoints),
@@ -62,6 +63,11 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitRe
     """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
     confirm (device_sim/scenario.py)."""
     manifest = load_manifest(artifact)
-    return largest_batch(lambda b: predict_manifest(artifact, manifest, b).peak_bytes,
+
+    def predicted_peak(b: int) -> int | None:
+        p = predict_manifest(artifact, manifest, b)
+        return p.peak_bytes if p.complete else None
+
+    return largest_batch(predicted_peak,
                          lambda b: measure(artifact, b, budget_bytes, steps=steps),
                          budget_bytes)

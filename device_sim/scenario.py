@@ -1,7 +1,8 @@
 """Scenario metrics (seed paper 004): the largest batch that trains under a budget, and the
 throughput there. The static predictor proposes the batch; real capped runs confirm it: the
 batch must train, and one more sample must fail cleanly with a BudgetError. When the
-prediction is off, the confirmed batch is walked to from it and both are reported."""
+prediction is off, or there is none, a galloping search and bisection between proven batches
+find it in O(log n) runs; both figures are reported."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ class FitResult:
         return asdict(self)
 
 
-def largest_predicted(predict_peak: Callable[[int], int], budget_bytes: int) -> int:
+def largest_predicted(predict_peak: Callable[[int], int | None], budget_bytes: int) -> int:
     """Largest batch b with predict_peak(b) <= budget (predicted peaks grow with the batch)."""
     if predict_peak(1) > budget_bytes:
         return 0
@@ -41,37 +42,66 @@ def largest_predicted(predict_peak: Callable[[int], int], budget_bytes: int) -> 
     return lo
 
 
-def largest_batch(predict_peak: Callable[[int], int], run: Callable[[int], object],
+def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int], object],
                   budget_bytes: int) -> FitResult:
-    """run(b) trains capped at the budget and returns a measurement or raises BudgetError."""
+    """The largest batch that trains under budget_bytes, confirmed by capped runs.
+
+    run(b) trains capped at the budget and returns a measurement (peak_bytes, step_time_s) or
+    raises BudgetError. predict_peak(b) is the static prediction, or None where the predictor
+    cannot size the step: then the first guess comes from two measured runs (batch 1 and 2,
+    peaks linear in the batch). From the guess the search gallops (steps that double) until
+    it holds a batch proven to fit and one proven to fail, then bisects between them: O(log n)
+    capped runs however wrong the guess. The result is the largest fitting batch b with b + 1
+    proven to fail (or MAX_BATCH)."""
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, got {budget_bytes}")
-    predicted = largest_predicted(predict_peak, budget_bytes)
-    runs = 0
+    predictable = predict_peak(1) is not None
+    predicted = largest_predicted(predict_peak, budget_bytes) if predictable else None
     results: dict[int, object] = {}
 
     def fits(b: int) -> bool:
-        nonlocal runs
-        if b in results:
-            return not isinstance(results[b], BudgetError)
-        runs += 1
-        try:
-            results[b] = run(b)
-        except BudgetError as e:
-            results[b] = e
+        if b not in results:
+            try:
+                results[b] = run(b)
+            except BudgetError as e:
+                results[b] = e
         return not isinstance(results[b], BudgetError)
 
-    b = max(predicted, 1)
-    if fits(b):
-        while b < MAX_BATCH and fits(b + 1):
-            b += 1
+    if predicted is not None:
+        guess = max(predicted, 1)
+    elif not fits(1):
+        guess = 1
+    elif not fits(2):
+        guess = 1
     else:
-        b -= 1
-        while b >= 1 and not fits(b):
-            b -= 1
-        if b == 0:
-            return FitResult(budget_bytes, predicted, 0, None, str(results[1]), None, None, runs)
-    fits(b + 1)  # known by now: the walk stopped at the first failure
-    m = results[b]
-    return FitResult(budget_bytes, predicted, b, m.peak_bytes, str(results[b + 1]),
-                     m.step_time_s, round(b / m.step_time_s, 2), runs)
+        p1, p2 = results[1].peak_bytes, results[2].peak_bytes
+        guess = 2 + max(0, budget_bytes - p2) // max(1, p2 - p1)
+    guess = min(guess, MAX_BATCH)
+    lo, hi = 0, MAX_BATCH + 1  # largest proven to fit (0: none yet), smallest proven to fail
+    step = max(1, guess // 8)
+    if fits(guess):
+        lo = guess
+        while lo < MAX_BATCH:
+            nxt = min(lo + step, MAX_BATCH)
+            if not fits(nxt):
+                hi = nxt
+                break
+            lo, step = nxt, step * 2
+    else:
+        hi = guess
+        while hi > 1:
+            nxt = max(hi - step, 1)
+            if fits(nxt):
+                lo = nxt
+                break
+            hi, step = nxt, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo == 0:
+        return FitResult(budget_bytes, predicted or 0, 0, None, str(results[1]), None, None,
+                         len(results))
+    m = results[lo]
+    nxt = str(results[hi]) if hi in results else f"batch {hi} is beyond the search's limit"
+    return FitResult(budget_bytes, predicted or 0, lo, m.peak_bytes, nxt, m.step_time_s,
+                     round(lo / m.step_time_s, 2), len(results))

@@ -152,6 +152,12 @@ def standardised_signals(x: np.ndarray, mean, scale, image_size: int = IMAGE_SIZ
     return np.clip((s - np.float32(mean)) / np.float32(scale), -1.0, 1.0)
 
 
+def standardised_windows(x: np.ndarray, mean, scale) -> np.ndarray:
+    """Raw windows [N, T, 6] -> per-channel standardised windows [N, T, 6] float32 (what the
+    raw-IMU networks read; the device does the same per sample, edgetrain/feed.py)."""
+    return ((x - np.float32(mean)) / np.float32(scale)).astype(np.float32)
+
+
 def gasf_region(s: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
     """GASF image [3, len(rows), len(cols)] of one window's signals s [S, 6], for a region.
 

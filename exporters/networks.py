@@ -1,4 +1,6 @@
-"""The seed deck's networks (shared/seeds/002_*.txt, its layer tables), with a width multiplier.
+"""The built-in networks, with a width multiplier: the seed deck's image CNNs
+(shared/seeds/002_*.txt, its layer tables) on GASF images of IMU windows, and two raw-IMU
+networks (a 1-D CNN and a small transformer encoder) on the 6-channel windows themselves.
 
 Each entry of NETWORKS builds a torch module and says what one input looks like. The CLI's
 `--model` names are keys of this registry; any other nn.Module goes through
@@ -99,13 +101,65 @@ PATCH_MOBILENET_BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512,
                           (1024, 1), (1024, 1)]
 
 
+class ImuCnn(nn.Module):
+    """1-D CNN over raw IMU windows [B, 6, T]: a stem and strided conv blocks (Conv1d, BN,
+    ReLU), global average pooling over time, a linear classifier."""
+
+    def __init__(self, num_classes: int, width: float):
+        super().__init__()
+        chans = [_ch(c, width) for c in (32, 64, 96, 128)]
+        layers, cin = [], 6
+        for k, (c, stride) in enumerate(zip(chans, (1, 2, 2, 2))):
+            layers += [nn.Conv1d(cin, c, 7 if k == 0 else 5, stride, 3 if k == 0 else 2,
+                                 bias=False), nn.BatchNorm1d(c), nn.ReLU()]
+            cin = c
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, 6, T] -> [B, classes]
+        return self.classifier(self.features(x).mean(dim=2))
+
+
+class ImuTransformer(nn.Module):
+    """Transformer encoder over time on raw IMU windows [B, T, 6]: non-overlapping segments of
+    `segment` samples embedded as tokens, learned positions, 2 encoder layers (pre-norm), mean
+    over tokens, a linear classifier."""
+
+    def __init__(self, num_classes: int, width: float, window: int = 200, segment: int = 10):
+        super().__init__()
+        d = _ch(64, width)
+        self.segment = segment
+        self.embed = nn.Linear(6 * segment, d)
+        self.position = nn.Parameter(torch.zeros(1, window // segment, d))
+        layer = nn.TransformerEncoderLayer(d, 4 if d % 4 == 0 else 1, 2 * d, dropout=0.1,
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.classifier = nn.Linear(d, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, 6] -> [B, classes]
+        tokens = x.reshape(x.shape[0], -1, 6 * self.segment)  # [B, T / segment, 6 * segment]
+        h = self.encoder(self.embed(tokens) + self.position)
+        return self.classifier(self.norm(h).mean(dim=1))
+
+
 @dataclass(frozen=True)
 class NetworkSpec:
     build: Callable[[int, float], nn.Module]  # (num_classes, width) -> module
-    image_size: int  # the whole sample is 3 x image_size x image_size
-    patch_size: int  # 0: the network sees whole images
+    image_size: int  # GASF inputs: the whole sample is 3 x image_size x image_size
+    patch_size: int  # 0: the network sees whole samples
     default_width: float
     summary: str
+    input: str = "gasf"  # "gasf": GASF images of IMU windows; "imu_window": the raw windows
+    layout: str = "CHW"  # the sample's axes: "CHW" images, "CT" or "TC" raw windows
+
+    def example_input(self, batch: int = 2, window: int = 200) -> torch.Tensor:
+        """Zeros shaped like `batch` model inputs (what the exporter traces with)."""
+        if self.input == "imu_window":
+            return torch.zeros(batch, 6, window) if self.layout == "CT" else \
+                torch.zeros(batch, window, 6)
+        side = self.patch_size or self.image_size
+        return torch.zeros(batch, 3, side, side)
 
 
 NETWORKS: dict[str, NetworkSpec] = {
@@ -121,6 +175,14 @@ NETWORKS: dict[str, NetworkSpec] = {
         build=lambda k, w: MobileNet(1, PATCH_MOBILENET_BLOCKS, k, w),
         image_size=224, patch_size=32, default_width=0.25,
         summary="MobileNet on 32x32x3 patches of the 224x224 image (deck C6), 8 blocks"),
+    "imu_cnn": NetworkSpec(
+        build=lambda k, w: ImuCnn(k, w), image_size=0, patch_size=0, default_width=1.0,
+        summary="1-D CNN on raw 6 x 200 IMU windows, 4 conv blocks", input="imu_window",
+        layout="CT"),
+    "imu_transformer": NetworkSpec(
+        build=lambda k, w: ImuTransformer(k, w), image_size=0, patch_size=0, default_width=0.5,
+        summary="transformer encoder over time on raw 200 x 6 IMU windows, 2 layers",
+        input="imu_window", layout="TC"),
 }
 
 

@@ -85,7 +85,8 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
         model.load_state_dict(blob["state_dict"])
         return model, {**summary, **blob["train"], "cache": str(cached)}
 
-    signals = data.standardised_signals(xw, mean, scale, spec.image_size)
+    signals = (data.standardised_windows(xw, mean, scale) if spec.input == "imu_window"
+               else data.standardised_signals(xw, mean, scale, spec.image_size))
     partial = cached.with_suffix(".partial.pt") if cached is not None else None
     if cfg.dst is None:
         torch.manual_seed(cfg.seed)
@@ -115,8 +116,7 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
     state after each epoch is saved there and a run finding it continues after that epoch."""
     rng = np.random.default_rng(cfg.seed + (1000 if masks is not None else 0))
     mask_rng = np.random.default_rng([cfg.seed, 1])
-    ps = spec.patch_size or spec.image_size
-    grid = spec.image_size // ps
+    grid = spec.image_size // spec.patch_size if spec.patch_size else 1
     per = cfg.patches_per_window if spec.patch_size else 1
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     n_items = len(yw) * per
@@ -149,9 +149,7 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
         patches = rng.integers(0, grid * grid, len(windows))
         for i in range(0, len(windows) - cfg.batch + 1, cfg.batch):
             w, p = windows[i:i + cfg.batch], patches[i:i + cfg.batch]
-            xb = np.stack([data.gasf_region(signals[a], slice((q // grid) * ps, (q // grid + 1) * ps),
-                                            slice((q % grid) * ps, (q % grid + 1) * ps))
-                           for a, q in zip(w, p)])
+            xb = batch_inputs(spec, signals, w, p)
             loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(xb)),
                                                      torch.from_numpy(yw[w]))
             opt.zero_grad(set_to_none=True)
@@ -185,6 +183,20 @@ def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
     return out
 
 
+def batch_inputs(spec, signals: np.ndarray, windows: np.ndarray, patches: np.ndarray
+                 ) -> np.ndarray:
+    """Model inputs for a batch: GASF images (or patches) of the windows' signals, or the
+    standardised raw windows laid out as the network reads them."""
+    if spec.input == "imu_window":
+        x = signals[windows]  # [B, T, 6]
+        return np.ascontiguousarray(x.transpose(0, 2, 1) if spec.layout == "CT" else x)
+    ps = spec.patch_size or spec.image_size
+    grid = spec.image_size // ps
+    return np.stack([data.gasf_region(signals[a], slice((q // grid) * ps, (q // grid + 1) * ps),
+                                      slice((q % grid) * ps, (q % grid + 1) * ps))
+                     for a, q in zip(windows, patches)])
+
+
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
@@ -198,15 +210,19 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         mask_options = {"density": cfg.dst.density, "mask_allocation": cfg.dst.allocation,
                         "mask_init": "magnitude"}
     _, spec = build_network(cfg.model, 1, cfg.width)
-    recs_classes = data.load_recordings().classes
-    size = spec.image_size
-    sample = spec.patch_size or size
-    plan = dataclasses.replace(plan, patch_size=spec.patch_size)
+    stats = {"window_samples": data.WINDOW_SAMPLES, "mean": summary["channel_mean"],
+             "scale": summary["channel_scale"]}
+    if spec.input == "imu_window":
+        shape = dict(image_shape=None, preprocess="imu_window", layout=spec.layout,
+                     freeze_batchnorm=True)
+    else:
+        plan = dataclasses.replace(plan, patch_size=spec.patch_size)
+        shape = dict(image_shape=(3, spec.image_size, spec.image_size), preprocess="imu_gasf",
+                     freeze_batchnorm=True)
     return export_artifact(
-        model, torch.zeros(2, 3, sample, sample), out, classes=recs_classes, plan=plan, lr=lr,
-        model_name=cfg.model, image_shape=(3, size, size), preprocess="imu_gasf",
-        preprocess_args={"window_samples": data.WINDOW_SAMPLES, "mean": summary["channel_mean"],
-                         "scale": summary["channel_scale"]},
+        model, spec.example_input(2, data.WINDOW_SAMPLES), out,
+        classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
+        preprocess_args=stats,
         provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")},
-        freeze_batchnorm=True, recompute=recompute, recompute_budget_bytes=recompute_budget_bytes,
+        recompute=recompute, recompute_budget_bytes=recompute_budget_bytes, **shape,
         **mask_options)

@@ -151,7 +151,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     rng = np.random.default_rng(0)
     x = rng.standard_normal((12, data.WINDOW_SAMPLES, 6))
     mean, scale = data.channel_stats(x)
-    spec = SimpleNamespace(patch_size=8, image_size=16)  # 2 x 2 patches of 8 x 8
+    spec = SimpleNamespace(patch_size=8, image_size=16, input="gasf")  # 2 x 2 patches of 8 x 8
     signals = data.standardised_signals(x, mean, scale, spec.image_size)
     y = rng.integers(0, 3, 12)
     dst = DstConfig(density=0.5, epochs=3, every_steps=2, method="set")

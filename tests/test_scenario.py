@@ -8,7 +8,7 @@ import pytest
 
 from conftest import cli
 from edgetrain.budget import BudgetError
-from device_sim.scenario import largest_batch, largest_predicted
+from device_sim.scenario import MAX_BATCH, largest_batch, largest_predicted
 
 
 @dataclass
@@ -65,3 +65,23 @@ def test_fit_cli_confirms_on_tiny_artifact(tiny_artifact):
     d = json.loads(r.stdout)
     assert d["max_batch"] >= 1 and d["peak_bytes"] <= d["budget_bytes"]
     assert "needs more memory than the budget" in d["next_batch_error"]
+
+
+@pytest.mark.parametrize("true", [1, 2, 37, 900, 4000])
+def test_without_a_prediction_the_search_ends_in_at_most_16_runs(true):
+    """The predictor cannot size the step (None): two measured runs give the first guess,
+    then gallop and bisection; the answer is exact and the runs few."""
+    per = 9000 // true
+    _, run, calls = make(per, 1)
+    r = largest_batch(lambda b: None, run, 10_000)
+    assert r.max_batch == min(9000 // per, MAX_BATCH) and r.predicted_max_batch == 0
+    assert r.runs == len(set(calls)) <= 16
+    assert r.max_batch + 1 in calls or r.max_batch == 4096
+
+
+@pytest.mark.parametrize("predicted", [1, 3, 500])
+def test_a_wrong_prediction_costs_log_runs(predicted):
+    """True answer 90; a prediction off by 90x or 5x either way still ends in few runs."""
+    _, run, calls = make(100, 1)
+    r = largest_batch(lambda b: 1000 + (9000 // predicted) * b, run, 10_000)
+    assert r.max_batch == 90 and 91 in calls and r.runs <= 16

@@ -12,9 +12,13 @@ from edgetrain.manifest import DEFAULT_THREADS
 
 
 @click.command()
-@click.option("--model", "model_name", required=True, help="Network name: patch_mobilenet, mobilenet_v1.")
+@click.option("--model", "model_name", required=True,
+              help="Built-in network: patch_mobilenet, mobilenet_v1, resnet50 (GASF images), "
+                   "imu_cnn, imu_transformer (raw IMU windows).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Artifact folder.")
-@click.option("--width", type=float, default=None, help="Width multiplier (default per network).")
+@click.option("--width", type=float, default=None,
+              help="Width multiplier (default per network: 0.25 for the MobileNets, 1.0 for "
+                   "resnet50 and imu_cnn, 0.5 for imu_transformer).")
 @click.option("--holdout-user", type=int, default=10, show_default=True,
               help="Subject left out of population pretraining (personalise on this one).")
 @click.option("--micro-batch", type=int, default=8, show_default=True)
@@ -73,8 +77,11 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
         return
     click.echo(f"exported {m.model} to {out}: {len(m.trainable)} trainable tensors "
                f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
-    click.echo(f"predicted peak at micro-batch {m.predicted['batch']} with {m.plan.threads} "
-               f"threads (a prediction): {mib(m.predicted['peak_bytes'])}")
+    if m.predicted.get("complete", True):
+        click.echo(f"predicted peak at micro-batch {m.predicted['batch']} with "
+                   f"{m.plan.threads} threads (a prediction): {mib(m.predicted['peak_bytes'])}")
+    else:
+        click.echo(f"predictor: {m.predicted['caveat']}; `edgetrain measure` gives the peak")
     if m.masks:
         kept = sum(k.nnz for k in m.masks)
         click.echo(f"sparse: {len(m.masks)} masked weights keep {kept:,} of "

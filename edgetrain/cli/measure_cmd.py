@@ -65,8 +65,11 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
                    f"backward from {len(rc['checkpoints'])} checkpoints, "
                    f"+{rc['extra_flops_ratio']:.0%} FLOPs per step")
     err = (doc["predicted_peak_bytes"] - peak) / peak
-    click.echo(f"predicted peak (static graph plan, {doc['predicted_threads']} threads): "
-               f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)")
+    if doc["predicted_complete"]:
+        click.echo(f"predicted peak (static graph plan, {doc['predicted_threads']} threads): "
+                   f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)")
+    else:
+        click.echo(f"predictor: {doc['prediction_caveat']}")
     device_time = doc["predicted_device_step_time_s"]
     click.echo(f"step: {doc['step_flops'] / 1e9:.2f} GFLOP, {doc['step_bytes_moved'] / 1e6:.1f} "
                "MB moved" + ("" if device_time is None else

@@ -18,6 +18,7 @@ from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from edgetrain.onnxscan import constant_bytes as graph_constants
 from exporters.graph import load_graph
+from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.plan import plan_step
 from exporters.predictor.scratch import scratch_bytes
 from exporters.predictor.shapes import initializer_bytes
@@ -26,6 +27,22 @@ SUPPORTED_ORT_VERSION = "1.19.2"
 ORT_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime")
 METHOD = ("graph plan: ORT execution order, tensor lifetimes, reuse, memory pattern, run-time "
           "allocations through an arena model")
+
+
+# Operators whose run-time memory the predictor models, checked against the allocator on the
+# seed networks, 1-D and 2-D CNNs with BatchNorm, pooling, LayerNorm, GELU and Dropout
+# (tests/test_conformance.py). A training graph with any other operator (attention's MatMul
+# and Softmax, recurrent cells, gathers) gets no peak claim: `complete` is False.
+MODELLED_OPS = frozenset({
+    "Add", "And", "AveragePool", "AveragePoolGrad", "BatchNormInternal",
+    "BatchNormalizationGrad", "Cast", "Clip", "ConcatTraining", "Conv", "ConvGrad", "Div",
+    "Dropout", "DropoutGrad", "Expand", "Flatten", "Gelu", "GeluGrad", "Gemm",
+    "GlobalAveragePool", "GreaterOrEqual", "Identity", "InPlaceAccumulatorV2",
+    "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual", "MaxPool", "MaxPoolGrad",
+    "Mul", "Neg", "PassThrough", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "ReluGrad",
+    "Reshape", "Scale", "ScatterElements", "GatherElements", "Shape", "Size",
+    "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad", "SplitTraining", "Sqrt", "Sum",
+    "Unsqueeze"})
 
 
 class UnsupportedRuntimeError(ValueError):
@@ -39,10 +56,33 @@ class Prediction:
     peak_bytes: int
     breakdown: dict  # category -> bytes, sums to peak_bytes
     onnxruntime: str  # the version whose internals were modelled
+    # Tensors of the training step whose size could not be found, counted as 0 bytes: with
+    # any, peak_bytes is a lower bound and `complete` is False (fit then searches without it).
+    unsized_tensors: tuple[str, ...] = ()
+    # Operators of the step outside MODELLED_OPS: their run-time scratch is not modelled.
+    unmodelled_ops: tuple[str, ...] = ()
     method: str = METHOD
 
+    @property
+    def complete(self) -> bool:
+        """Whether peak_bytes is a prediction at all (else: a lower bound, not to be trusted)."""
+        return not self.unsized_tensors and not self.unmodelled_ops
+
+    def caveat(self) -> str:
+        """Why the prediction cannot be trusted ('' when it can)."""
+        why = []
+        if self.unsized_tensors:
+            why.append(f"{len(self.unsized_tensors)} tensors of unknown size (e.g. "
+                       f"{self.unsized_tensors[0]!r})")
+        if self.unmodelled_ops:
+            why.append(f"operators whose run-time memory it does not model "
+                       f"({', '.join(self.unmodelled_ops)})")
+        return ("cannot predict this step's peak: " + " and ".join(why)) if why else ""
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "unsized_tensors": len(self.unsized_tensors),
+                "unmodelled_ops": list(self.unmodelled_ops), "complete": self.complete,
+                "caveat": self.caveat()}
 
 
 def installed_ort_version() -> str | None:
@@ -80,20 +120,27 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     state = {t.name for t in list(trainable) + list(frozen)}
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
-    plan = plan_step(train, batch)
+    try:
+        known = forward_shapes(str(folder / files[names.EVAL_MODEL]), batch)
+    except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
+        known = None
+    plan = plan_step(train, batch, known)
     eval_graph = (folder / files[names.EVAL_MODEL]).read_bytes()
     inference = sum(t.nbytes for t in list(trainable) + list(frozen)) + graph_constants(eval_graph)
     breakdown = {
         "parameters": state_bytes(list(trainable) + list(frozen)),
         "gradients": grads,
         "optimizer_state": 2 * grads,
-        "activations": arena_rounded(plan.pattern_bytes) + scratch_bytes(train, batch, threads),
+        "activations": (arena_rounded(plan.pattern_bytes)
+                        + scratch_bytes(train, batch, threads, known)),
         "other": (constant_bytes(train, state)
                   + constant_bytes(str(folder / files[names.EVAL_MODEL]), state)
                   + RUNTIME_SCALAR_BYTES + inference),
     }
+    ops = {n.op_type for n in load_graph(train).graph.node}
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
-                      breakdown=breakdown, onnxruntime=version)
+                      breakdown=breakdown, onnxruntime=version, unsized_tensors=plan.unsized,
+                      unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)))
 
 
 def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None

@@ -15,7 +15,7 @@ import onnx
 
 from edgetrain import names
 from exporters.graph import ALIAS_OPS, drop_identities, execution_order, load_graph
-from exporters.predictor.shapes import nbytes, tensor_shapes
+from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 
 INPLACE_OPS = {"Relu"}
 PATTERN_ALIGN = 64
@@ -28,6 +28,7 @@ class StepPlan:
     pattern_bytes: int  # the memory-pattern block
     live_peak_bytes: int  # peak of bytes live at once (no fragmentation)
     timeline: tuple[int, ...]  # bytes live after each node, in execution order
+    unsized: tuple[str, ...] = ()  # tensors whose shape could not be found (counted as 0)
 
 
 def parameter_gradients(model: onnx.ModelProto, nodes) -> set[str]:
@@ -39,11 +40,12 @@ def parameter_gradients(model: onnx.ModelProto, nodes) -> set[str]:
             if names.is_grad_name(o) and names.grad_of(o) in params}
 
 
-def plan_step(path: str, batch: int) -> StepPlan:
-    """Simulate ORT's allocation plan and memory pattern for one training step."""
+def plan_step(path: str, batch: int, known: Shapes | None = None) -> StepPlan:
+    """Simulate ORT's allocation plan and memory pattern for one training step.
+    known: tensor shapes found by evaluating the forward graph (evaluated.py)."""
     model = load_graph(path)
     nodes, _ = drop_identities(model)
-    shapes = tensor_shapes(model, batch)
+    shapes = tensor_shapes(model, batch, known)
     order = execution_order(nodes)
     state = {i.name for i in model.graph.initializer}
     feeds = {i.name for i in model.graph.input} | state
@@ -63,10 +65,12 @@ def plan_step(path: str, batch: int) -> StepPlan:
     buffers: list[dict] = []  # {size, key, start, users, live, spans}
     free_by_size: dict[int, list[int]] = {}
     live = 0
-    timeline = []
+    timeline, unsized = [], []
     for t, i in enumerate(order):
         n = nodes[i]
         for k, o in enumerate(n.output):
+            if o and o not in shapes and o not in feeds:
+                unsized.append(o)
             if not o or o in feeds or o not in shapes or o in runtime_allocated:
                 continue
             size = nbytes(shapes[o])
@@ -109,7 +113,7 @@ def plan_step(path: str, batch: int) -> StepPlan:
                                                                     b["spans"][-1][1])]])
     return StepPlan(batch=batch, order=tuple(nodes[i].name for i in order),
                     pattern_bytes=pattern, live_peak_bytes=max(timeline, default=0),
-                    timeline=tuple(timeline))
+                    timeline=tuple(timeline), unsized=tuple(unsized))
 
 
 def _users_dead(buf: dict, last_use: dict, t: int) -> bool:

@@ -18,18 +18,18 @@ import numpy as np
 from edgetrain.budget import arena_rounded
 from exporters.graph import attributes, drop_identities, execution_order, forward_conv_outputs, load_graph
 from exporters.predictor.plan import parameter_gradients
-from exporters.predictor.shapes import nbytes, runtime_shapes
+from exporters.predictor.shapes import Shapes, nbytes, runtime_shapes
 
 MLAS_CONV_BUFFER_FLOATS_PER_THREAD = 16384  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
 MLAS_SGEMM_THREAD_COMPLEXITY = 65536
 MLAS_MAXIMUM_THREAD_COUNT = 16
 
 
-def scratch_bytes(path: str, batch: int, threads: int) -> int:
+def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = None) -> int:
     """The arena's growth outside the memory pattern in one step at `batch` with `threads`."""
     model = load_graph(path)
     nodes, _ = drop_identities(model)
-    shapes = runtime_shapes(model, batch)
+    shapes = runtime_shapes(model, batch, known=known)
     order = execution_order(nodes)
     position = {i: t for t, i in enumerate(order)}
     last_use = {x: position[i] for i in order for x in nodes[i].input}

@@ -7,6 +7,8 @@ counts, not for the memory plan).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
@@ -18,6 +20,7 @@ from edgetrain import names
 SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
                   "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast"}
 ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
+ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
 
 Shapes = dict[str, tuple[tuple[int, ...], int]]  # name -> (shape, itemsize)
 
@@ -31,10 +34,20 @@ def initializer_bytes(init: onnx.TensorProto) -> int:
     return nbytes((tuple(init.dims), ITEMSIZE.get(init.data_type, 4)))
 
 
-def tensor_shapes(model: onnx.ModelProto, batch: int) -> Shapes:
-    """name -> (shape, itemsize) for every tensor of the graph at `batch`."""
+def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = None) -> Shapes:
+    """name -> (shape, itemsize) for every tensor of the graph at `batch`. known: shapes
+    found another way (evaluated.forward_shapes), declared before inference runs."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    if known:  # evaluated shapes replace symbolic declarations
+        graph_io = {v.name for v in list(m.graph.input) + list(m.graph.output)}
+        keep = [v for v in m.graph.value_info if v.name not in known]
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(keep)
+        for name, (shape, item) in known.items():
+            if name not in graph_io:
+                m.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                    name, ELEM_OF_ITEMSIZE.get(item, 1), list(shape)))
     batch_params = set()
     for v in m.graph.input:
         dims = v.type.tensor_type.shape.dim
@@ -77,10 +90,32 @@ def tensor_shapes(model: onnx.ModelProto, batch: int) -> Shapes:
                 base = [n.input[1], n.input[2], n.input[2]][k]
                 if base in out:
                     out[o] = out[base] if k < 2 else ((out[base][0][0],), out[base][1])
+            elif (n.op_type in ("BatchNormInternal", "BatchNormalization") and k > 0
+                  and n.input[0] in out):
+                out[o] = ((out[n.input[0]][0][1],), out[n.input[0]][1])  # per channel
+            elif n.op_type == "ConcatTraining" and k == 1:
+                out[o] = ((len([x for x in n.input if x]),), 8)  # each input's length
+            elif (m_ := _PARTIAL_GRAD.fullmatch(o)) and m_.group(1) in out:
+                out[o] = out[m_.group(1)]  # one of several gradient terms of a tensor
+            elif (n.op_type == "Reshape" and n.input[0] in out and n.input[1] in consts):
+                out[o] = (_reshaped(out[n.input[0]][0], consts[n.input[1]]), out[n.input[0]][1])
     return out
 
 
-def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8) -> Shapes:
+_PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
+
+
+def _reshaped(shape: tuple[int, ...], target) -> tuple[int, ...]:
+    """ONNX Reshape's output shape: 0 copies the input's dimension, -1 takes the rest."""
+    dims = [shape[i] if int(d) == 0 and i < len(shape) else int(d) for i, d in enumerate(target)]
+    if -1 in dims:
+        known = int(np.prod([d for d in dims if d != -1], dtype=np.int64)) or 1
+        dims[dims.index(-1)] = int(np.prod(shape, dtype=np.int64)) // known
+    return tuple(dims)
+
+
+def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8,
+                   known: Shapes | None = None) -> Shapes:
     """Every tensor's size when the step runs (for FLOP and byte counts, not for the plan).
 
     Unlike tensor_shapes (what ORT can size before running), this iterates ONNX inference
@@ -90,7 +125,7 @@ def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8) -> Shape
     del m.graph.value_info[:]
     shapes: Shapes = {}
     for _ in range(rounds):
-        found = tensor_shapes(m, batch)
+        found = tensor_shapes(m, batch, known)
         for n in m.graph.node:
             ins = [found.get(x) for x in n.input]
             for k, o in enumerate(n.output):
@@ -111,6 +146,6 @@ def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8) -> Shape
         del m.graph.value_info[:]  # symbolic entries would block refinement
         for name, (shape, item) in found.items():
             if name not in graph_io:
-                elem = {4: 1, 8: 7, 1: 9, 2: 10}.get(item, 1)
-                m.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, shape))
+                m.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                    name, ELEM_OF_ITEMSIZE.get(item, 1), shape))
     return shapes

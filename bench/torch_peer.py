@@ -66,9 +66,9 @@ def build(spec: dict) -> nn.Sequential:
     model, _ = build_network(spec["network"], 7, spec["width"])
     if spec["density"] < 1:
         masks = TorchMasks(model, spec["density"], "erk")
-        for name, layer in masks.layers.items():
-            nn.utils.prune.custom_from_mask(layer, "weight",
-                                            masks.masks[name].view_as(layer.weight))
+        for name, (module, attr) in masks.owners.items():
+            nn.utils.prune.custom_from_mask(module, attr,
+                                            masks.masks[name].view_as(masks.layers[name]))
     seq = blocks(model, spec["network"])
     seq.train()
     for m in seq.modules():

@@ -39,6 +39,7 @@ class Plan:
     checkpoints: tuple[str, ...] = ()  # forward tensors kept as segment boundaries
     recomputed: tuple[str, ...] = ()  # forward tensors rebuilt during backward
     recompute_budget_bytes: int | None = None  # the budget the "budget" planner planned for
+    recompute_note: str = ""  # what the planner decided and why, when that needs saying
     # ORT intra-op threads the runtime runs with (unless told otherwise); the predicted peak
     # is for this count, so it is the same whichever machine exported the artifact.
     threads: int = DEFAULT_THREADS
@@ -65,6 +66,8 @@ class Manifest:
     predicted: dict  # {"batch": B, "peak_bytes": ..., "breakdown": {...}} (a prediction)
     provenance: dict  # population subjects, pretraining summary, versions
     masks: tuple[MaskSpec, ...] = ()  # sparse weights (empty: dense)
+    # with masks: every parameter that stays dense, and why (PyTorch name -> reason)
+    dense_weights: dict = dataclasses.field(default_factory=dict)
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -97,6 +100,7 @@ class Manifest:
                 provenance=dict(d["provenance"]),
                 masks=tuple(MaskSpec(m["weight"], tuple(m["shape"]), int(m["nnz"]),
                                      m["values"], m["positions"]) for m in d.get("masks", [])),
+                dense_weights=dict(d.get("dense_weights", {})),
             )
         except (KeyError, TypeError) as e:
             raise ArtifactError(f"manifest is missing or has a malformed field: {e}; "

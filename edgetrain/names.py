@@ -28,9 +28,9 @@ BATCH_AXIS = "batch"  # the dynamic first axis of INPUT_NAME and LOGITS_NAME
 
 # Suffixes. ORT names the gradient of tensor t `t_grad`.
 GRAD_SUFFIX = "_grad"
-# A masked weight `<layer>.weight` is held as `<layer>.weight_values` (trainable, [nnz]) and
-# `<layer>.weight_positions` (frozen int32, [nnz]).
-VALUES_SUFFIX, POSITIONS_SUFFIX = "weight_values", "weight_positions"
+# A masked weight `<w>` (e.g. `conv.weight`) is held as `<w>_values` (trainable, [nnz]) and
+# `<w>_positions` (frozen int32, [nnz]).
+MASK_VALUES_SUFFIX, MASK_POSITIONS_SUFFIX = "_values", "_positions"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
 # BatchNorm running statistics, estimated by the BatchNorm-statistics graph.
@@ -58,10 +58,9 @@ def is_recompute_name(name: str) -> bool:
     return name.endswith(RECOMPUTE_SUFFIX)
 
 
-def mask_tensor_names(layer: str) -> tuple[str, str, str]:
-    """(dense weight, kept values, positions) of a masked layer, by its PyTorch module name."""
-    prefix = f"{layer}." if layer else ""
-    return f"{prefix}weight", f"{prefix}{VALUES_SUFFIX}", f"{prefix}{POSITIONS_SUFFIX}"
+def mask_tensor_names(weight: str) -> tuple[str, str, str]:
+    """(dense weight, kept values, positions) of a masked weight, by its PyTorch name."""
+    return weight, f"{weight}{MASK_VALUES_SUFFIX}", f"{weight}{MASK_POSITIONS_SUFFIX}"
 
 
 def running_stat_names(bn_layer: str) -> tuple[str, str]:

@@ -42,10 +42,13 @@ class TorchMasks:
 
     def __init__(self, model: nn.Module, density: float, allocation: str = "erk"):
         counts = layer_nnz(model, density, allocation)
-        self.layers = {n: m for n, m in maskable(model).items() if counts[n] < m.weight.numel()}
+        # masked weight's PyTorch name -> its (module, attribute), and -> the Parameter
+        self.owners = {n: (m, a) for n, (m, a) in maskable(model).items()
+                       if counts[n] < getattr(m, a).numel()}
+        self.layers = {n: getattr(m, a) for n, (m, a) in self.owners.items()}
         self.masks: dict[str, torch.Tensor] = {}
         for name, layer in self.layers.items():
-            w = layer.weight.detach().reshape(-1)
+            w = layer.detach().reshape(-1)
             mask = torch.zeros(w.numel(), dtype=torch.bool)
             mask[w.abs().topk(counts[name]).indices] = True
             self.masks[name] = mask
@@ -54,9 +57,9 @@ class TorchMasks:
     def apply(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Zero every weight off its mask, and its AdamW moments (regrown weights restart)."""
         for name, layer in self.layers.items():
-            keep = self.masks[name].view_as(layer.weight)
-            layer.weight.mul_(keep)
-            state = optimizer.state.get(layer.weight, {}) if optimizer is not None else {}
+            keep = self.masks[name].view_as(layer)
+            layer.mul_(keep)
+            state = optimizer.state.get(layer, {}) if optimizer is not None else {}
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in state:
                     state[key].mul_(keep)
@@ -72,18 +75,18 @@ class TorchMasks:
         layers = {}
         for name, layer in self.layers.items():
             positions = self.masks[name].nonzero().squeeze(1).numpy()
-            grad = layer.weight.grad
+            grad = layer.grad
             if needs_grad and grad is None:
                 raise ValueError(f"mask update {method!r} needs the dense gradient of {name}; "
                                  "call it after backward()")
             layers[name] = MaskedLayer(
-                layer.weight.detach().reshape(-1).numpy()[positions], positions,
-                layer.weight.numel(), grad.reshape(-1).numpy() if grad is not None else None)
+                layer.detach().reshape(-1).numpy()[positions], positions,
+                layer.numel(), grad.reshape(-1).numpy() if grad is not None else None)
 
         def restart(regrown: dict[str, np.ndarray]) -> None:
             """New masks; regrown weights and their AdamW moments restart at 0."""
             for name, slots in regrown.items():
-                weight, positions = self.layers[name].weight, layers[name].positions
+                weight, positions = self.layers[name], layers[name].positions
                 new = torch.zeros_like(self.masks[name])
                 new[torch.from_numpy(positions.astype(np.int64))] = True
                 self.masks[name] = new

@@ -19,14 +19,23 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from exporters.batchnorm import freeze_batchnorm_layers
+from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
                                  torch_to_onnx)
 from exporters.operators import check_operators, explain_artifact_failure
 from exporters.predictor import predict
+from exporters.predictor.evaluated import forward_shapes
+from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 from exporters.recompute import plan_and_rewrite
+from exporters.rewrites import rewrite_for_training
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
-from exporters.sparse import sparsify
+from exporters.sparse import dense_reasons, sparsify
+
+
+# A recompute plan must save at least one MLAS convolution buffer per thread (16384 floats):
+# recomputed convolutions in backward can need a buffer region of that size of their own, so
+# a smaller predicted saving may turn into a measured loss (seen on small 1-D CNNs).
+MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD = MLAS_CONV_BUFFER_FLOATS_PER_THREAD * 4
 
 
 def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: str | Path, *,
@@ -95,6 +104,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     """export_artifact's work, written into the (empty, temporary) folder `out`."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
+    model = rewrite_for_training(model)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
     model, masks = sparsify(model, density, mask_allocation, mask_init, mask_seed)
@@ -142,12 +152,19 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         return predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                        plan.threads).peak_bytes
 
+    try:
+        known = forward_shapes(str(out / FILES[names.EVAL_MODEL]), plan.micro_batch)
+    except Exception:  # noqa: BLE001 - shapes then come from ONNX inference alone
+        known = None
     rplan = plan_and_rewrite(str(out / FILES[names.TRAINING_MODEL]), recompute,
                              batch=plan.micro_batch, budget_bytes=recompute_budget_bytes,
-                             predict_file_peak=predicted_peak)
+                             predict_file_peak=predicted_peak, known_shapes=known,
+                             min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD
+                             * plan.threads)
     plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                recomputed=rplan.recomputed,
-                               recompute_budget_bytes=recompute_budget_bytes)
+                               recompute_budget_bytes=recompute_budget_bytes,
+                               recompute_note=rplan.note)
     optimizer = optimizer_settings(out / FILES[names.OPTIMIZER_MODEL], lr)
     files = dict(FILES)
     if masks:
@@ -167,6 +184,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         input=input_spec,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
         optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
-        masks=masks)
+        masks=masks,
+        dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)
     return manifest

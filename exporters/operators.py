@@ -13,7 +13,18 @@ import onnx
 
 # ONNX operator -> why it is refused and what to use instead (measured with
 # onnxruntime-training 1.19.2; docs/byom.md has the whole operator table).
-REFUSED: dict[str, str] = {}
+REFUSED: dict[str, str] = {
+    "InstanceNormalization": "ORT has no gradient for it; use nn.GroupNorm (edgetrain rewrites "
+                             "it into ops that train) or BatchNorm",
+    "HardSwish": "ORT has no gradient for it; use the nn.Hardswish module (rewritten into Clip, "
+                 "which trains) rather than F.hardswish",
+    "HardSigmoid": "ORT has no gradient for it; use the nn.Hardsigmoid module (rewritten into "
+                   "Clip) rather than F.hardsigmoid",
+    "AveragePool": "its gradient kills onnxruntime-training 1.19.2 with a floating-point "
+                   "exception; use nn.AvgPool1d/2d with kernel == stride and no padding "
+                   "(rewritten into a mean), adaptive average pooling to size 1, or a mean "
+                   "over the axis",
+}
 
 
 class UnsupportedOperatorError(ValueError):
@@ -36,7 +47,7 @@ def check_operators(model: onnx.ModelProto) -> None:
                 f"edgetrain cannot train: {REFUSED[node.op_type]}. Nothing was written.")
 
 
-_NO_GRADIENT = re.compile(r"(?:gradient|Gradient)[^\n]*?(?:for|of)\s+(?:op\s+)?'?(\w+)'?")
+_NO_GRADIENT = re.compile(r"has not been registered: (\w+) for node (\S+?)\)?(?:\s|$)")
 
 
 def explain_artifact_failure(error: Exception, model: onnx.ModelProto, log: list[str]
@@ -45,14 +56,16 @@ def explain_artifact_failure(error: Exception, model: onnx.ModelProto, log: list
     exception it raised; the ORT message's first line is kept for reference."""
     text = "\n".join([str(error), *log])
     ops = {n.op_type for n in model.graph.node}
-    named = [m.group(1) for m in _NO_GRADIENT.finditer(text) if m.group(1) in ops]
+    found = _NO_GRADIENT.search(text)
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if named:
-        node = next(n for n in model.graph.node if n.op_type == named[0])
+    if found:
+        op, node_name = found.group(1), found.group(2)
+        module = module_of(onnx.helper.make_node(op, [], [], name=node_name))
         return UnsupportedOperatorError(
-            f"module {module_of(node)!r} uses the ONNX operator {named[0]}, for which "
-            f"onnxruntime-training 1.19.2 builds no gradient ({first}). Replace that layer "
-            "(docs/byom.md lists what trains). Nothing was written.")
+            f"module {module!r} uses the ONNX operator {op}, for which onnxruntime-training "
+            f"1.19.2 builds no gradient. Replace that layer with one that trains (docs/byom.md "
+            "lists them). Nothing was written.")
+    first = first.split(" was false.")[-1].strip() or first[-300:]
     return UnsupportedOperatorError(
         f"onnxruntime-training could not build the training graph of this model ({first}). "
         f"Its operators: {', '.join(sorted(ops))}; docs/byom.md lists what trains. Nothing "

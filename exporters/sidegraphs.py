@@ -27,7 +27,7 @@ from torch import nn
 
 from edgetrain import names
 from edgetrain.manifest import MaskSpec
-from exporters.batchnorm import BatchStatsNorm, batchnorm_layers
+from exporters.norms import BatchStatsNorm, batchnorm_layers
 from exporters.graph import ancestors
 
 

@@ -17,7 +17,7 @@ from exporters.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel,
                                  analyse, budget_for_peak, headroom_bytes, make_plan)
 
 
-def chain(seed: int = 0) -> nn.Module:
+def chain(seed: int = 0) -> nn.Module:  # big enough images (32 x 32) that recompute pays
     torch.manual_seed(seed)
     layers, c = [], 3
     for cout in (8, 8, 16, 16, 16, 16):
@@ -28,7 +28,7 @@ def chain(seed: int = 0) -> nn.Module:
 
 def export(tmp_path, planner: str):
     out = tmp_path / planner
-    m = export_artifact(chain(), torch.zeros(2, 3, 12, 12), out, classes=list("abcd"),
+    m = export_artifact(chain(), torch.zeros(2, 3, 32, 32), out, classes=list("abcd"),
                         plan=Plan(micro_batch=4), recompute=planner)
     return out, m
 
@@ -39,7 +39,7 @@ import json, numpy as np
 from edgetrain.runtime import DeviceRuntime
 rt = DeviceRuntime({str(art)!r})
 rng = np.random.default_rng(0)
-x = rng.standard_normal((4, 3, 12, 12)).astype(np.float32); y = np.array([0, 1, 2, 3])
+x = rng.standard_normal((4, *rt.manifest.input.sample_shape)).astype(np.float32); y = np.array([0, 1, 2, 3])
 rt.train_micro_batch(x, y)
 print(json.dumps({{t.name: rt.state.parameters[t.name].grad.tolist()
                   for t in rt.manifest.trainable}}))
@@ -204,7 +204,7 @@ def test_masked_weights_are_rebuilt_in_backward_with_the_same_gradients(tmp_path
                          if x in producer and producer[x].name not in late and x not in data
                          and producer[x].op_type not in ("Shape", "Size", "Constant")]
     assert kept_for_backward == []  # no weight chain tensor lives from forward to backward
-    rebuilt = [t for t in manifests["sqrt"].plan.recomputed if "Reshape" in t or "Cast" in t]
+    rebuilt = [t for t in manifests["sqrt"].plan.recomputed if t not in data]  # weight chains
     assert len(rebuilt) >= len(manifests["sqrt"].masks), rebuilt
     a, b = one_step_gradients(arts["none"]), one_step_gradients(arts["sqrt"])
     assert a.keys() == b.keys() and any(k.endswith("weight_values") for k in a)

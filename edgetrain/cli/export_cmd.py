@@ -86,6 +86,13 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
         kept = sum(k.nnz for k in m.masks)
         click.echo(f"sparse: {len(m.masks)} masked weights keep {kept:,} of "
                    f"{sum(k.numel for k in m.masks):,} values ({mask_allocation}, {mask_init})")
+        vectors = [n for n, why in m.dense_weights.items() if why.startswith("a bias")]
+        if vectors:
+            click.echo(f"  stays dense: {len(vectors)} biases, norm scales and other vectors "
+                       "(too small to pay for positions)")
+        for name, why in m.dense_weights.items():
+            if name not in vectors:
+                click.echo(f"  stays dense: {name}: {why}")
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward")

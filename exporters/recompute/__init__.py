@@ -24,7 +24,7 @@ import onnx
 
 from exporters.cost import node_costs
 from exporters.graph import without_identities
-from exporters.predictor.shapes import nbytes, tensor_shapes
+from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 from exporters.recompute.analysis import Forward, RecomputePlan, analyse, recomputed_tensors, segments
 from exporters.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak, headroom_bytes,
                                           make_plan, plan_forward)
@@ -39,13 +39,18 @@ __all__ = ["PLANNERS", "Forward", "PlanRequest", "RecomputePlan", "SegmentModel"
 
 def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
                      budget_bytes: int | None = None,
-                     predict_file_peak: Callable[[], int] | None = None) -> RecomputePlan:
+                     predict_file_peak: Callable[[], int] | None = None,
+                     known_shapes: Shapes | None = None,
+                     min_saving_bytes: int = 0) -> RecomputePlan:
     """Plan recompute for the training graph at `path` and rewrite the file in place.
 
     Both work on the graph as ORT runs it (Identity nodes removed), so names match.
     batch: the micro-batch the plan is for (tensor sizes). predict_file_peak: the predicted
     peak bytes of the artifact with the training graph now at `path` (the budget planner
-    writes candidates there to check them). If planning fails the file is left as it was."""
+    writes candidates there to check them; the sqrt planner keeps no checkpoints when they
+    do not lower it by at least min_saving_bytes). known_shapes: tensor shapes found by
+    evaluating the forward graph.
+    If planning fails the file is left as it was."""
     original = onnx.load(path)
     model, renamed = without_identities(original)
     fwd = analyse(model)
@@ -60,22 +65,30 @@ def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
         onnx.save(rewritten if plan.recomputed or weights else original, path)
         return dataclasses.replace(plan, recomputed=plan.recomputed + weights)
 
+    if planner == "budget" and predict_file_peak is None:
+        raise ValueError("the budget planner needs the artifact's predictor")
+
+    def predict_peak(checkpoints: tuple[str, ...]) -> int:
+        write(checkpoints)
+        return predict_file_peak()
+
     req = PlanRequest(budget_bytes=budget_bytes)
-    if planner == "budget":
-        if predict_file_peak is None:
-            raise ValueError("the budget planner needs the artifact's predictor")
-
-        def predict_peak(checkpoints: tuple[str, ...]) -> int:
-            write(checkpoints)
-            return predict_file_peak()
-
+    if planner != "none":
         req = PlanRequest(
             budget_bytes=budget_bytes,
-            tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch).items()},
+            tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
+                                                                 known_shapes).items()},
             node_flops={name: f for name, _, f, _ in node_costs(model, batch)},
-            predict_peak=predict_peak)
+            predict_peak=predict_peak if predict_file_peak else None)
     try:
         plan = plan_forward(fwd, planner, req)
+        if planner == "sqrt" and plan.checkpoints and predict_file_peak is not None:
+            with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
+            if without - with_plan < min_saving_bytes:
+                note = (f"no checkpoints: the sqrt plan's predicted peak ({with_plan:,} bytes) "
+                        f"is not at least {min_saving_bytes:,} bytes below keeping every "
+                        f"tensor ({without:,} bytes)")
+                return dataclasses.replace(write(()), note=note)
     except BaseException:
         onnx.save(original, path)
         raise

@@ -27,10 +27,11 @@ class RecomputePlan:
     planner: str
     checkpoints: tuple[str, ...]  # kept forward tensors that bound the segments
     recomputed: tuple[str, ...]  # saved tensors rebuilt during backward
+    note: str = ""  # why the planner chose what it chose, when that needs saying
 
     def to_dict(self) -> dict:
         return {"planner": self.planner, "checkpoints": list(self.checkpoints),
-                "recomputed": list(self.recomputed)}
+                "recomputed": list(self.recomputed), "note": self.note}
 
 
 def analyse(model: onnx.ModelProto, data_input: str = names.INPUT_NAME) -> Forward:

@@ -35,10 +35,16 @@ def plan_none(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
 
 
 def plan_sqrt(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
-    """Chen et al. 2016: about sqrt(n) evenly spaced checkpoints among the n cut points."""
+    """Chen et al. 2016's sqrt(n) memory, placed by bytes: the checkpoints whose segments
+    give the lowest activation peak of the segment model (SegmentModel.lowest_peak: exact
+    over all subsets of the cut points; with equal blocks it spaces about sqrt(n) of them
+    evenly). Spacing by node count instead put transformers' large attention tensors in one
+    segment and raised their activations. Without tensor sizes: sqrt(n) spaced by count."""
     n = len(fwd.cuts)
     if n < 2:
         return ()
+    if req.tensor_bytes:
+        return SegmentModel(fwd, req).lowest_peak()
     k = max(1, round(math.sqrt(n)))
     step = n / (k + 1)
     return tuple(fwd.cuts[min(n - 1, round(step * (j + 1)) - 1)] for j in range(k))

@@ -18,8 +18,8 @@ from exporters.graph import ancestors, declare_like, ensure_ms_domain, is_backwa
 
 
 def rematerialize_masked_weights(m: onnx.ModelProto,
-                                 suffixes: tuple[str, ...] = (names.VALUES_SUFFIX,
-                                                              names.POSITIONS_SUFFIX)
+                                 suffixes: tuple[str, ...] = (names.MASK_VALUES_SUFFIX,
+                                                              names.MASK_POSITIONS_SUFFIX)
                                  ) -> tuple[str, ...]:
     """Rewrite `m` in place so late readers rebuild masked weights; returns the tensors now
     rebuilt."""

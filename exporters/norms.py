@@ -1,6 +1,10 @@
-"""BatchNorm of any rank (1-D over [B, C] or [B, C, T], 2-D over [B, C, H, W]) as the exporter
-rewrites it: frozen into a fixed affine map for fine-tuning, or normalising by its batch's
-statistics and recording them for RESET (exporters/sidegraphs.py).
+"""Normalisation layers as the exporter rewrites them.
+
+BatchNorm of any rank (1-D over [B, C] or [B, C, T], 2-D over [B, C, H, W]): frozen into a
+fixed affine map for fine-tuning, or normalising by its batch's statistics and recording them
+for RESET (exporters/sidegraphs.py). GroupNorm: the legacy exporter writes it as
+InstanceNormalization, for which onnxruntime-training 1.19.2 has no gradient, so it is
+rewritten into reductions and elementwise ops (same parameters, same values).
 """
 from __future__ import annotations
 
@@ -80,6 +84,24 @@ class BatchStatsNorm(nn.Module):
         n = x.numel() // x.shape[1]
         self.record.append((self.name, mean, var * n / max(n - 1, 1)))
         y = (x - channel_view(mean, x)) / torch.sqrt(channel_view(var, x) + self.eps)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x) + channel_view(self.bias, x)
+        return y
+
+
+class DecomposedGroupNorm(nn.Module):
+    """nn.GroupNorm from reductions and elementwise ops (same weight and bias names)."""
+
+    def __init__(self, gn: nn.GroupNorm):
+        super().__init__()
+        self.num_groups, self.eps = gn.num_groups, gn.eps
+        self.weight, self.bias = gn.weight, gn.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, ...]
+        g = x.reshape(x.shape[0], self.num_groups, -1)
+        mean = g.mean(dim=2, keepdim=True)
+        var = ((g - mean) ** 2).mean(dim=2, keepdim=True)
+        y = ((g - mean) / torch.sqrt(var + self.eps)).reshape(x.shape)
         if self.weight is not None:
             y = y * channel_view(self.weight, x) + channel_view(self.bias, x)
         return y

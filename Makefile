@@ -7,6 +7,7 @@ ET     := $(VENV)/bin/edgetrain
 DEVICE ?= watchos-extension
 USER_ID ?= 10
 BATCH  ?= 8
+MODEL  ?= patch_mobilenet
 
 .PHONY: setup demo test bench clean
 
@@ -23,10 +24,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(ET) devices
-	$(ET) export --model patch_mobilenet --holdout-user $(USER_ID) --out artifacts/pm
+	$(ET) export --model $(MODEL) --holdout-user $(USER_ID) --out artifacts/$(MODEL)
 	rm -rf runs/u$(USER_ID)  # the demo starts a fresh run (personalise never overwrites one)
-	$(ET) personalise artifacts/pm --user $(USER_ID) --device $(DEVICE) --micro-batch $(BATCH) --out runs/u$(USER_ID)
-	$(ET) measure artifacts/pm --batch $(BATCH) --device $(DEVICE)
+	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $(BATCH) --out runs/u$(USER_ID)
+	$(ET) measure artifacts/$(MODEL) --batch $(BATCH) --device $(DEVICE)
 
 test: setup
 	$(PY) -m pytest

@@ -175,13 +175,10 @@ def test_unsupported_layers_are_refused_before_any_file(tmp_path, model, module,
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-BUDGET_CASES = {"cnn1d_bn", "transformer_encoder", "moe_transformer"}
-
-
+@pytest.mark.parametrize("case", ["cnn1d_bn", "moe_transformer", "transformer_encoder"],
+                         indirect=True)
 def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
     """measure --budget B for B just under, at and just over the measured peak."""
-    if case.name not in BUDGET_CASES:
-        pytest.skip("checked on a CNN and two transformers")
     peak = case.measured[0]["peak_bytes"]
     for budget in (peak - 1, peak - 4096, peak, peak + 4096):
         p = cli("measure", case.arts["none"], "--batch", BATCH, "--steps", "1",
@@ -194,9 +191,9 @@ def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
                peak, "--json").returncode == 0
 
 
+@pytest.mark.parametrize("case", ["transformer_encoder"], indirect=True)
 def test_fit_without_a_prediction_ends_in_at_most_16_capped_runs(case):
-    if case.name != "transformer_encoder":
-        pytest.skip("one model the predictor cannot size")
+    """On a model the predictor cannot size."""
     budget = 6 * case.measured[0]["peak_bytes"]
     p = cli("fit", case.arts["none"], "--budget", budget, "--json")
     assert p.returncode == 0, p.stderr

@@ -20,7 +20,6 @@ structures (process RSS is reported beside it as `process_peak_rss_bytes`).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -30,6 +29,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from device_sim.layout import fix_address_layout
 
 MARK = "EDGETRAIN-PHASE "
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -115,7 +116,7 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                str(budget_bytes or 0), str(accumulation), str(steps), str(threads or 0), tmp]
         with open(log, "wb") as f:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, timeout=timeout_s,
-                                  preexec_fn=_without_address_randomisation)
+                                  preexec_fn=fix_address_layout)
         text = log.read_text(errors="replace")
         result_path = Path(tmp) / "probe.json"
         if proc.returncode != 0 or not result_path.exists():
@@ -146,22 +147,6 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
             f"it does not fit. It needs at least {result.peak_bytes} bytes.",
             budget_bytes, result.peak_bytes)
     return result
-
-
-ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
-
-
-def _without_address_randomisation() -> None:
-    """In the child, before it runs: no address-space randomisation (Linux). The arena breaks
-    ties between equally good free chunks by address, so with randomised addresses the same
-    step could fragment differently and peak a few KB apart from run to run (seen on a
-    mixture-of-experts transformer); fixed addresses make the measurement repeatable."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.personality(ctypes.c_ulong(libc.personality(ctypes.c_ulong(0xFFFFFFFF))
-                                        | ADDR_NO_RANDOMIZE))
-    except (OSError, AttributeError):  # not Linux: measurements may vary by a few KB
-        pass
 
 
 def _peak_rss_bytes() -> int:

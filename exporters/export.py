@@ -152,6 +152,15 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         return predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                        plan.threads).peak_bytes
 
+    if recompute == "budget":
+        first = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
+                        plan.threads)
+        if not first.complete:
+            raise ValueError(f"--recompute budget plans by the static prediction, and the "
+                             f"predictor {first.caveat()}. Use --recompute sqrt, or find a "
+                             "micro-batch that fits with `edgetrain fit` (capped runs). Nothing "
+                             "was written.")
+
     try:
         known = forward_shapes(str(out / FILES[names.EVAL_MODEL]), plan.micro_batch)
     except Exception:  # noqa: BLE001 - shapes then come from ONNX inference alone

@@ -1,0 +1,42 @@
+"""A fixed address layout for the simulated watch's processes, so that memory is repeatable.
+
+ONNX Runtime's arena breaks ties between equally good free chunks by their address. With the
+address space randomised (ASLR), the same training step can fragment differently and peak a
+few KB apart from one run to the next (seen on a mixture-of-experts transformer: 416,840 or
+429,128 bytes). A watch app's allocator sees one layout; the simulator fixes it too: the
+measurement child starts without randomisation, and so do the CLI's device commands, so a
+budget equal to a measured peak holds for the run it was measured for. Linux only; elsewhere
+nothing changes and peaks may vary by a few KB.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
+ENV = "EDGETRAIN_FIXED_LAYOUT"
+
+
+def fix_address_layout() -> bool:
+    """Turn address randomisation off for programs this process starts from now on (and
+    for itself after an exec). Returns False where that is not possible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        current = libc.personality(ctypes.c_ulong(0xFFFFFFFF))
+        return libc.personality(ctypes.c_ulong(current | ADDR_NO_RANDOMIZE)) != -1
+    except (OSError, AttributeError):
+        return False
+
+
+def reexec_with_fixed_layout() -> None:
+    """Start this very command again without address randomisation (once: the environment
+    marks the second start). Same pid, arguments and environment."""
+    if os.environ.get(ENV) or not fix_address_layout():
+        return
+    os.environ[ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)

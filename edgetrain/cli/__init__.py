@@ -9,13 +9,9 @@ sub-package is the one place on the device side that may import exporters and de
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import click
 
 from device_sim.faults import install_from_env
-from device_sim.layout import reexec_with_fixed_layout
 from edgetrain.cli.common import parse_bytes
 from edgetrain.cli.export_cmd import export
 from edgetrain.cli.measure_cmd import devices, fit, measure
@@ -27,16 +23,7 @@ __all__ = ["main", "parse_bytes"]
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """On-device training for wearables: export, personalise and measure under a RAM budget."""
-    if started_as_command():  # never replace a process that merely calls main()
-        reexec_with_fixed_layout()  # a repeatable arena layout, as the measurement has
     install_from_env()  # EDGETRAIN_FAULT: the simulator's fault injection (device_sim/faults)
-
-
-def started_as_command() -> bool:
-    """This process is `edgetrain ...` or `python -m edgetrain.cli ...` itself."""
-    argv = sys.orig_argv
-    return (Path(sys.argv[0]).name == "edgetrain"
-            or any(a == "-m" and b == "edgetrain.cli" for a, b in zip(argv, argv[1:])))
 
 
 for command in (devices, export, personalise, reset_bn, measure, fit):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from pathlib import Path
 
 import click
 
+from device_sim.layout import reexec_with_fixed_layout
 from device_sim.profiles import PROFILES, get_profile
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import ArtifactError
@@ -34,6 +36,16 @@ class Bytes(click.ParamType):
 
     def convert(self, value, param, ctx):
         return value if isinstance(value, int) else parse_bytes(value)
+
+
+def fixed_address_layout() -> None:
+    """For commands that train: run with a fixed address layout, as the measurement does, so
+    a budget equal to a measured peak holds (device_sim/layout.py). Only when this process is
+    the command itself, never when a caller merely invokes it in-process."""
+    argv = sys.orig_argv
+    if (Path(sys.argv[0]).name == "edgetrain"
+            or any(a == "-m" and b == "edgetrain.cli" for a, b in zip(argv, argv[1:]))):
+        reexec_with_fixed_layout()
 
 
 def fail(message: str, code: int) -> None:

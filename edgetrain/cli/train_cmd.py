@@ -7,7 +7,8 @@ import json
 import click
 
 from device_sim.profiles import PROFILES
-from edgetrain.cli.common import Bytes, Progress, exit_on_device_errors, json_option, mib, resolve_budget
+from edgetrain.cli.common import (Bytes, Progress, exit_on_device_errors, fixed_address_layout,
+                                  json_option, mib, resolve_budget)
 from edgetrain.masks import UPDATERS
 
 
@@ -73,6 +74,7 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     from edgetrain.userdata import user_data
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
+    fixed_address_layout()
     with exit_on_device_errors():
         train, test = user_data(artifact, user, data_file, test_file)
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
@@ -117,6 +119,7 @@ def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples,
     from edgetrain.userdata import user_data
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
+    fixed_address_layout()
     with exit_on_device_errors():
         train, test = user_data(artifact, user, data_file, test_file)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,

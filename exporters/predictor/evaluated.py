@@ -9,6 +9,7 @@ forward tensor at any batch. Host side: it runs the graph, it does not train it.
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -21,7 +22,9 @@ from exporters.predictor.shapes import ITEMSIZE, Shapes
 
 def forward_shapes(eval_path: str, batch: int) -> Shapes:
     """name -> (shape, itemsize) of every tensor the eval graph computes, at `batch`."""
-    one, two = _run_shapes(eval_path, 1), _run_shapes(eval_path, 2)
+    st = os.stat(eval_path)
+    stamp = (st.st_mtime_ns, st.st_size)  # a file replaced at the same path is run again
+    one, two = _run_shapes(eval_path, 1, stamp), _run_shapes(eval_path, 2, stamp)
     out: Shapes = {}
     for name, (s1, item) in one.items():
         s2 = two.get(name, (None,))[0]
@@ -32,7 +35,7 @@ def forward_shapes(eval_path: str, batch: int) -> Shapes:
 
 
 @lru_cache(maxsize=16)
-def _run_shapes(eval_path: str, batch: int) -> Shapes:
+def _run_shapes(eval_path: str, batch: int, stamp: tuple[int, int]) -> Shapes:
     import onnxruntime as ort  # host side: the predictor runs where the exporter runs
 
     model = onnx.load(eval_path, load_external_data=False)

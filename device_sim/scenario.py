@@ -49,9 +49,11 @@ def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int]
     run(b) trains capped at the budget and returns a measurement (peak_bytes, step_time_s) or
     raises BudgetError. predict_peak(b) is the static prediction, or None where the predictor
     cannot size the step: then the first guess comes from two measured runs (batch 1 and 2,
-    peaks linear in the batch). From the guess the search gallops (steps that double) until
-    it holds a batch proven to fit and one proven to fail, then bisects between them: O(log n)
-    capped runs however wrong the guess. The result is the largest fitting batch b with b + 1
+    peaks linear in the batch). From the guess the search moves, by the line through the
+    largest measured peaks or by doubling steps, until it holds a batch proven to fit and one
+    proven to fail, then narrows between them, by the line's guess when it falls inside and
+    by bisection otherwise: O(log n) capped runs however wrong the guess, a handful when the
+    peaks are near linear. The result is the largest fitting batch b with b + 1
     proven to fail (or MAX_BATCH)."""
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, got {budget_bytes}")
@@ -77,27 +79,47 @@ def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int]
         p1, p2 = results[1].peak_bytes, results[2].peak_bytes
         guess = 2 + max(0, budget_bytes - p2) // max(1, p2 - p1)
     guess = min(guess, MAX_BATCH)
+
+    def secant() -> int | None:
+        """Where the two largest fitting batches' measured peaks, extended in a line, reach the
+        budget (peaks grow about linearly with the batch); None without two such points."""
+        pts = sorted(b for b, r in results.items() if not isinstance(r, BudgetError))
+        if len(pts) < 2:
+            return None
+        (b1, b2), (p1, p2) = pts[-2:], (results[pts[-2]].peak_bytes, results[pts[-1]].peak_bytes)
+        if p2 <= p1:
+            return None
+        return b2 + (budget_bytes - p2) * (b2 - b1) // (p2 - p1)
+
     lo, hi = 0, MAX_BATCH + 1  # largest proven to fit (0: none yet), smallest proven to fail
     step = max(1, guess // 8)
     if fits(guess):
         lo = guess
-        while lo < MAX_BATCH:
-            nxt = min(lo + step, MAX_BATCH)
+        while lo < MAX_BATCH:  # up: to where the line says, else by doubling steps
+            line = secant()
+            nxt = min(line if line is not None and line > lo else lo + step, MAX_BATCH)
             if not fits(nxt):
                 hi = nxt
                 break
             lo, step = nxt, step * 2
     else:
         hi = guess
-        while hi > 1:
+        while hi > 1:  # down by doubling steps until a batch fits
             nxt = max(hi - step, 1)
             if fits(nxt):
                 lo = nxt
                 break
             hi, step = nxt, step * 2
-    while hi - lo > 1:
+    halved = True
+    while hi - lo > 1:  # the line's guess when it falls inside, else (and after a step
+        line = secant()  # that did not halve the interval) the middle: O(log n) runs
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        c = line if halved and line is not None and lo < line < hi else mid
+        if c == lo:
+            c = lo + 1
+        width = hi - lo
+        lo, hi = (c, hi) if fits(c) else (lo, c)
+        halved = hi - lo <= width // 2
     if lo == 0:
         return FitResult(budget_bytes, predicted or 0, 0, None, str(results[1]), None, None,
                          len(results))

@@ -148,7 +148,7 @@ class DeviceRuntime:
                     f"manifest says {spec.dtype}{list(spec.shape)}; the checkpoint belongs to "
                     "another artifact")
 
-    def _translate(self, e: RuntimeError, what: str) -> Exception:
+    def _translate(self, e: BaseException, what: str) -> BaseException:
         if self.split is not None:
             err = budget_error_from(e, self.split, what)
             if err is not None:
@@ -256,13 +256,17 @@ class DeviceRuntime:
                     f"constants, more than the {self.inference_bytes} bytes reserved for it; "
                     "use the inference model this runtime exported",
                     self.split.budget_bytes if self.split else 0, None)
-            self._infer = (str(model_path), self._ort.InferenceSession(
-                str(model_path), self._session_options(), providers=["CPUExecutionProvider"]))
+            try:
+                self._infer = (str(model_path), self._ort.InferenceSession(
+                    str(model_path), self._session_options(),
+                    providers=["CPUExecutionProvider"]))
+            except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
+                raise self._translate(e, "loading the inference model") from e
         sess, name = self._infer[1], self.manifest.input.name
         try:
             return run_padded(lambda xb: sess.run(None, {name: xb})[0], x, self.micro_batch,
                               self.manifest.num_classes)
-        except RuntimeError as e:
+        except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, "the inference model") from e
 
     # ---- persistence -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from edgetrain.manifest import ArtifactError, Manifest
 class SideGraphs:
     def __init__(self, ort, files: dict[str, str], manifest: Manifest, session_options: Callable,
                  parameters: Callable[[], object],
-                 translate: Callable[[RuntimeError, str], Exception]):
+                 translate: Callable[[BaseException, str], BaseException]):
         """files: role -> path. session_options(): fresh SessionOptions for a new session.
         parameters(): the live CheckpointState's parameters. translate: turns an ORT error
         into the runtime's error (a BudgetError when out of memory)."""
@@ -35,7 +35,7 @@ class SideGraphs:
             try:
                 self._sessions[role] = self._ort.InferenceSession(
                     self._files[role], self._so(), providers=["CPUExecutionProvider"])
-            except RuntimeError as e:
+            except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, f"loading the {role}") from e
         sess = self._sessions[role]
         params = self._parameters()  # .data is a zero-copy view of the state's tensor
@@ -43,7 +43,7 @@ class SideGraphs:
                  **feeds}
         try:
             outs = sess.run(None, feeds)
-        except RuntimeError as e:
+        except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, what) from e
         return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
 

@@ -76,3 +76,24 @@ def test_log_parser_attributes_growth_to_phases():
     assert env == 7424 and outside == 1024 + 512 + 256
     assert per == {"parameters": 1536, "gradients": 1536, "optimizer_state": 1024,
                    "activations": 4096, "other": 768 + 256}
+
+
+def test_ort_errors_that_are_not_runtime_errors_still_become_budget_errors():
+    """onnxruntime's InferenceSession raises RuntimeException, which is not a RuntimeError:
+    the side graphs (and the inference model) translate it all the same."""
+    from edgetrain.budget import budget_error_from
+    from edgetrain.sidegraphs import SideGraphs
+
+    class OrtRuntimeException(Exception):
+        pass
+
+    class FakeOrt:
+        def InferenceSession(self, *args, **kwargs):
+            raise OrtRuntimeException("Available memory of 1024 is smaller than requested "
+                                      "bytes of 65536")
+
+    split = BudgetSplit.from_budget(100_000, 2048)
+    side = SideGraphs(FakeOrt(), {"mask_grad_model": "unused.onnx"}, None, lambda: None,
+                      lambda: {}, lambda e, what: budget_error_from(e, split, what) or e)
+    with pytest.raises(BudgetError, match="65536"):
+        side.run("mask_grad_model", {}, "the dense gradients")

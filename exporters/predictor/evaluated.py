@@ -10,6 +10,7 @@ forward tensor at any batch. Host side: it runs the graph, it does not train it.
 from __future__ import annotations
 
 import os
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -34,9 +35,26 @@ def forward_shapes(eval_path: str, batch: int) -> Shapes:
     return out
 
 
+def _onnxruntime():
+    """The onnxruntime module. The training build's package initialiser imports torch (4 s)
+    unless torch is marked absent while it runs; the predictor needs only InferenceSession,
+    so a process without torch (`edgetrain measure`) stays without it, and torch can still
+    be imported afterwards."""
+    if "onnxruntime" in sys.modules or "torch" in sys.modules:
+        import onnxruntime
+        return onnxruntime
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import onnxruntime
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return onnxruntime
+
+
 @lru_cache(maxsize=16)
 def _run_shapes(eval_path: str, batch: int, stamp: tuple[int, int]) -> Shapes:
-    import onnxruntime as ort  # host side: the predictor runs where the exporter runs
+    ort = _onnxruntime()
 
     model = onnx.load(eval_path, load_external_data=False)
     g = model.graph

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+import onnx
+
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from edgetrain.onnxscan import constant_bytes as graph_constants
@@ -121,24 +123,26 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     state = {t.name for t in list(trainable) + list(frozen)}
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
+    train_graph = load_graph(train)  # read once: constants and operators below
+    eval_path = folder / files[names.EVAL_MODEL]
+    eval_bytes = eval_path.read_bytes()
     try:
-        known = forward_shapes(str(folder / files[names.EVAL_MODEL]), batch)
+        known = forward_shapes(str(eval_path), batch)
     except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
         known = None
     plan = plan_step(train, batch, known)
-    eval_graph = (folder / files[names.EVAL_MODEL]).read_bytes()
-    inference = sum(t.nbytes for t in list(trainable) + list(frozen)) + graph_constants(eval_graph)
+    inference = sum(t.nbytes for t in list(trainable) + list(frozen)) + graph_constants(eval_bytes)
     breakdown = {
         "parameters": state_bytes(list(trainable) + list(frozen)),
         "gradients": grads,
         "optimizer_state": 2 * grads,
         "activations": (arena_rounded(plan.pattern_bytes)
                         + scratch_bytes(train, batch, threads, known)),
-        "other": (constant_bytes(train, state)
-                  + constant_bytes(str(folder / files[names.EVAL_MODEL]), state)
+        "other": (constant_bytes(train_graph, state)
+                  + constant_bytes(onnx.load_model_from_string(eval_bytes), state)
                   + RUNTIME_SCALAR_BYTES + inference),
     }
-    ops = {n.op_type for n in load_graph(train).graph.node}
+    ops = {n.op_type for n in train_graph.graph.node}
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
                       breakdown=breakdown, onnxruntime=version, unsized_tensors=plan.unsized,
                       unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)))
@@ -152,7 +156,7 @@ def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | No
                    threads or manifest.plan.threads)
 
 
-def constant_bytes(path: str, state: set[str]) -> int:
+def constant_bytes(model, state: set[str]) -> int:
     """Graph constants (initializers that are not checkpoint tensors): sessions reserve them."""
-    return sum(initializer_bytes(i) for i in load_graph(path).graph.initializer
+    return sum(initializer_bytes(i) for i in model.graph.initializer
                if i.name not in state)

@@ -11,11 +11,12 @@ batch. ORT's arena logs every time an arena grows ("Extending BFCArena ... round
     its high-water mark. Its growth is attributed to the phase in which it happened.
   * other arenas (checkpoint tensors, the API's scalars): one allocation each, counted at the
     chunk size requested (R).
-  * the inference session on the exported model: its weights and constants are allocated
-    outside every arena ORT logs, so they are counted from the exported file (element count x
-    element size of its initializers, edgetrain/onnxscan.py) and put under "other".
-peak_bytes = env arena total + other arenas' chunks + inference weights: every byte of the
-training working set that ORT allocates. Not counted: the Python interpreter, numpy batches, ORT's code and graph
+  * every session's initializers (graph constants; the inference model's weights): one
+    buffer per session, reserved in the env arena ("Reserving memory in BFCArena ... size: S")
+    past its limit; counted under "other" (the inference session's are reported beside it as
+    `inference_weights_bytes`). The runtime takes them from the budget up front.
+peak_bytes = env arena total (reservations included) + other arenas' chunks: every byte of
+the training working set that ORT allocates. Not counted: the Python interpreter, numpy batches, ORT's code and graph
 structures (process RSS is reported beside it as `process_peak_rss_bytes`).
 """
 from __future__ import annotations
@@ -31,13 +32,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from device_sim.layout import fix_address_layout
+from edgetrain.reservations import RESERVE_LINE
 
 MARK = "EDGETRAIN-PHASE "
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 _EXTENDING = re.compile(r"Extending BFCArena for \w+\. .*rounded_bytes:(\d+)")
 _EXTENDED = re.compile(r"Extended allocation by (\d+) bytes\.")
 _TOTAL = re.compile(r"Total allocated bytes: (\d+)")
-_RESERVE = re.compile(r"Reserving memory in BFCArena for \w+ size: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
         if line.startswith(MARK):
             phase = line[len(MARK):].strip()
             continue
-        if m := _RESERVE.search(line):
+        if m := RESERVE_LINE.search(line):
             # Session initializers (constants of the graphs) reserved in the env arena.
             pending_reserve += int(m.group(1))
             per["other"] += int(m.group(1))
@@ -92,6 +93,17 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
             rounded = extended = None
     env_total += pending_reserve
     return env_total, outside, per
+
+
+def reserved_in_phase(text: str, phase: str) -> int:
+    """Bytes reserved (RESERVE_LINE) while the arena log was in `phase`."""
+    current, total = None, 0
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            current = line[len(MARK):].strip()
+        elif current == phase and (m := RESERVE_LINE.search(line)):
+            total += int(m.group(1))
+    return total
 
 
 def _category(phase: str) -> str:
@@ -130,16 +142,16 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
             raise RuntimeError(f"measurement process failed (exit {proc.returncode}):\n{tail}")
         probe = json.loads(result_path.read_text())
     arena, outside, per = parse_arena_log(text)
-    inference = probe["inference_weights_bytes"]
-    per["other"] += inference
-    result = Measurement(peak_bytes=arena + outside + inference, arena_bytes=arena,
+    inference = reserved_in_phase(text, "inference")
+    result = Measurement(peak_bytes=arena + outside, arena_bytes=arena,
                          outside_arena_bytes=outside, inference_weights_bytes=inference,
                          breakdown=per, batch=batch, step_time_s=probe["step_time_s"],
                          process_peak_rss_bytes=probe["peak_rss_bytes"],
                          torch_loaded=probe["torch_loaded"], threads=probe["threads"])
     if budget_bytes is not None and result.peak_bytes > budget_bytes:
-        # ORT reserves each session's graph constants outside its arena's limit (a few KB): a
-        # run can end just over its budget. It did not fit, so it is reported as not fitting.
+        # ORT reserves each session's initializers past its arena's limit; the runtime takes
+        # the artifact's measured reservations from the budget up front, so this is a check
+        # that they did not grow (e.g. an artifact exported without them measured).
         over = result.peak_bytes - budget_bytes
         raise BudgetError(
             f"batch {batch} reached {result.peak_bytes} bytes, {over} over the budget of "
@@ -164,7 +176,6 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
 
     from edgetrain.budget import BudgetError
     from edgetrain import names
-    from edgetrain.onnxscan import constant_bytes
     from edgetrain.ort_device import onnxruntime
 
     ort = onnxruntime()
@@ -217,8 +228,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({
         "step_time_s": float(np.median(times)), "peak_rss_bytes": _peak_rss_bytes(),
-        "torch_loaded": torch_loaded, "threads": rt.threads,
-        "inference_weights_bytes": constant_bytes(Path(path).read_bytes())}))
+        "torch_loaded": torch_loaded, "threads": rt.threads}))
 
 
 if __name__ == "__main__":

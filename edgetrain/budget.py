@@ -11,11 +11,15 @@ Where ORT 1.19.2's training API puts its bytes (measured, see docs/concepts.md):
     optimizer graphs: the environment's shared arena, which we cap with `max_mem`.
   * three scalars the API creates per run (lazy_reset_grad flag, learning rate, step):
     one 256-byte chunk each, outside the arena.
-  * the inference session opened on the exported model (to check it predicts what training
-    predicts) holds the model's weights and constants outside every arena ORT logs or caps:
-    their bytes are known before anything loads (every checkpoint tensor plus the eval graph's
-    constants, edgetrain/onnxscan.py).
-So the budget is split exactly: state, scalar and inference bytes are reserved up front, and
+  * every session's graph initializers (graph constants; the inference model's weights) are
+    one buffer per session taken with BFCArena::Reserve, which does not check the arena's
+    limit but counts toward it. The training Module's sessions open first, so later growth
+    sees their reservations. Sessions opened later (side graphs, the inference model the
+    runtime opens to check it predicts what training predicts) reserve past the limit; their
+    bytes are measured at export and recorded in the manifest (edgetrain/reservations.py).
+    Weight prepacking, which would reserve padded copies of MatMul/Gemm weights the same way,
+    is off (edgetrain/sessions.py).
+So the budget is split exactly: state, scalar and reserved bytes are taken up front, and
 the rest becomes the arena's hard limit. A budget below the fixed part fails before anything loads;
 an arena request past its limit fails inside ORT before the allocation happens.
 """
@@ -53,23 +57,24 @@ class BudgetSplit:
     budget_bytes: int
     state_bytes: int  # checkpoint tensors, each rounded to its arena chunk
     scalar_bytes: int  # the API's per-run scalars
-    inference_bytes: int  # the inference model's weights and constants (outside any arena)
+    reserved_bytes: int  # later sessions' initializers, reserved past the arena's limit
     arena_cap_bytes: int  # hard limit handed to the env arena
 
     @classmethod
-    def from_budget(cls, budget_bytes: int, state_bytes: int, inference_bytes: int = 0
+    def from_budget(cls, budget_bytes: int, state_bytes: int, reserved_bytes: int = 0
                     ) -> "BudgetSplit":
         if budget_bytes <= 0:
             raise BudgetError(f"budget must be a positive number of bytes, got {budget_bytes}; "
                               "pass e.g. --budget 16MB or --device NAME", budget_bytes, None)
-        fixed = state_bytes + RUNTIME_SCALAR_BYTES + inference_bytes
+        fixed = state_bytes + RUNTIME_SCALAR_BYTES + reserved_bytes
         if budget_bytes <= fixed:
             raise BudgetError(
                 f"budget of {budget_bytes} bytes is below the model's parameters alone "
                 f"({state_bytes} bytes, plus {RUNTIME_SCALAR_BYTES} of runtime scalars and "
-                f"{inference_bytes} for the inference model's weights); no step can run. "
+                f"{reserved_bytes} the sessions reserve for constants and the inference "
+                f"model's weights); no step can run. "
                 f"Try {FIXES}.", budget_bytes, fixed + ARENA_CHUNK_BYTES)
-        return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, inference_bytes,
+        return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, reserved_bytes,
                    budget_bytes - fixed)
 
 
@@ -107,8 +112,8 @@ def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> Budg
         f"{what} needs more memory than the budget: it asked the runtime for {requested} bytes "
         f"with {available} left of the {split.arena_cap_bytes}-byte working-set cap "
         f"(budget {split.budget_bytes} bytes = {split.state_bytes} parameters + "
-        f"{split.scalar_bytes} runtime scalars + {split.inference_bytes} inference-model "
-        f"weights + {split.arena_cap_bytes} for gradients, optimizer state and activations). It needs at least {needed} bytes; "
+        f"{split.scalar_bytes} runtime scalars + {split.reserved_bytes} reserved for the "
+        f"sessions' constants and inference weights + {split.arena_cap_bytes} for gradients, optimizer state and activations). It needs at least {needed} bytes; "
         f"`edgetrain measure` gives the exact peak. Try {FIXES}. "
         "Nothing was written: saved checkpoints are untouched.",
         split.budget_bytes, needed)

@@ -119,22 +119,27 @@ def _tensor_bytes(tensor: memoryview) -> int:
     return numel * itemsize
 
 
-def constant_bytes(data: bytes) -> int:
-    """Bytes of the main graph's stored tensors: its initializers and its Constant nodes'
-    values (element count x element size). A session holds these; exporting a model for
-    inference turns Constant nodes into initializers. Raises MalformedOnnx."""
-    total = 0
+def stored_tensor_bytes(data: bytes) -> list[int]:
+    """Bytes of each tensor the main graph stores: its initializers and its Constant nodes'
+    values (element count x element size). Raises MalformedOnnx."""
+    sizes: list[int] = []
     for field, wire, graph in _fields(memoryview(data)):
         if field != 7 or wire != 2:  # ModelProto.graph
             continue
         for gfield, gwire, item in _fields(graph):
             if gfield == 5 and gwire == 2:  # GraphProto.initializer
-                total += _tensor_bytes(item)
+                sizes.append(_tensor_bytes(item))
             elif gfield == 1 and gwire == 2:  # GraphProto.node
                 fields = list(_fields(item))
                 if any(f == 4 and w == 2 and bytes(v) == b"Constant" for f, w, v in fields):
                     for f, w, attr in fields:  # NodeProto.attribute -> AttributeProto.t
                         if f == 5 and w == 2:
-                            total += sum(_tensor_bytes(t) for af, aw, t in _fields(attr)
+                            sizes.extend(_tensor_bytes(t) for af, aw, t in _fields(attr)
                                          if af == 5 and aw == 2)
-    return total
+    return sizes
+
+
+def constant_bytes(data: bytes) -> int:
+    """Bytes of the main graph's stored tensors (stored_tensor_bytes): a session holds these;
+    exporting a model for inference turns Constant nodes into initializers."""
+    return sum(stored_tensor_bytes(data))

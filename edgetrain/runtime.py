@@ -22,6 +22,7 @@ from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, instal
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
 from edgetrain.onnxscan import constant_bytes
+from edgetrain.reservations import reserve_bound_bytes
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
@@ -36,11 +37,19 @@ def state_bytes_of(manifest: Manifest) -> int:
 
 
 def inference_bytes_of(folder: Path, manifest: Manifest) -> int:
-    """Bytes an inference session on the exported model holds: every checkpoint tensor (now
-    an initializer) and the eval graph's constants. Outside every capped arena, so reserved."""
+    """Bytes the exported inference model stores: every checkpoint tensor (now an
+    initializer) and the eval graph's constants (a model holding more is not this artifact's)."""
     eval_graph = (folder / manifest.files[names.EVAL_MODEL].path).read_bytes()
     return (sum(t.nbytes for t in manifest.trainable + manifest.frozen)
             + constant_bytes(eval_graph))
+
+
+def reserved_bytes_of(folder: Path, manifest: Manifest) -> int:
+    """Bytes ORT's sessions reserve past the arena's limit: measured at export
+    (manifest.session_reserve_bytes), else an upper estimate (edgetrain/reservations.py)."""
+    if manifest.session_reserve_bytes is not None:
+        return manifest.session_reserve_bytes
+    return reserve_bound_bytes(folder, manifest)
 
 
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
@@ -57,8 +66,9 @@ class DeviceRuntime:
         self.folder = Path(folder)
         self.manifest = m = load_manifest(self.folder)  # verifies sizes and hashes
         self.inference_bytes = inference_bytes_of(self.folder, m)
+        self.reserved_bytes = reserved_bytes_of(self.folder, m)
         self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m),
-                                              self.inference_bytes)
+                                              self.reserved_bytes)
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
@@ -74,6 +84,12 @@ class DeviceRuntime:
         self._infer = None  # (path, InferenceSession) of the last exported inference model
         self.side = SideGraphs(self._ort, self._files, m, self._session_options,
                                lambda: self.state.parameters, self._translate)
+        # Opened now, before training grows the arena, so the arena's limit sees their
+        # reservations (edgetrain/reservations.py); only the inference model's are reserved
+        # up front.
+        if on_phase:
+            on_phase("other")
+        self.side.open_all()
 
     def _session_options(self):
         """Fresh options for each session: ORT's training Module changes the options object it
@@ -245,24 +261,29 @@ class DeviceRuntime:
         return run_padded(lambda xb: self._run(xb, labels, f"an eval step at batch {len(xb)}")[1],
                           x, self.micro_batch, self.manifest.num_classes)
 
-    def inference_logits(self, model_path: str | os.PathLike, x: np.ndarray) -> np.ndarray:
-        """Logits of an exported inference model, in a plain InferenceSession inside the cap:
-        its weights take the bytes reserved for them (inference_bytes)."""
+    def open_inference(self, model_path: str | os.PathLike):
+        """A plain InferenceSession on an exported inference model, inside the cap: its
+        weights take bytes reserved for them up front (reserved_bytes). Kept open."""
         if self._infer is None or self._infer[0] != str(model_path):
             need = constant_bytes(Path(model_path).read_bytes())
             if need > self.inference_bytes:
                 raise BudgetError(
                     f"the inference model {model_path} holds {need} bytes of weights and "
-                    f"constants, more than the {self.inference_bytes} bytes reserved for it; "
-                    "use the inference model this runtime exported",
+                    f"constants, more than the {self.inference_bytes} bytes this artifact's "
+                    "inference model holds; use the inference model this runtime exported",
                     self.split.budget_bytes if self.split else 0, None)
+            self._infer = None
             try:
                 self._infer = (str(model_path), self._ort.InferenceSession(
                     str(model_path), self._session_options(),
                     providers=["CPUExecutionProvider"]))
             except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, "loading the inference model") from e
-        sess, name = self._infer[1], self.manifest.input.name
+        return self._infer[1]
+
+    def inference_logits(self, model_path: str | os.PathLike, x: np.ndarray) -> np.ndarray:
+        """Logits of an exported inference model (open_inference), in fixed micro-batches."""
+        sess, name = self.open_inference(model_path), self.manifest.input.name
         try:
             return run_padded(lambda xb: sess.run(None, {name: xb})[0], x, self.micro_batch,
                               self.manifest.num_classes)
@@ -282,4 +303,4 @@ class DeviceRuntime:
 
 
 __all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "state_bytes_of",
-           "inference_bytes_of", "runtime_threads"]
+           "inference_bytes_of", "reserved_bytes_of", "runtime_threads"]

@@ -26,8 +26,8 @@ class SideGraphs:
         self._so, self._parameters, self._translate = session_options, parameters, translate
         self._sessions: dict = {}
 
-    def run(self, role: str, feeds: dict, what: str) -> dict[str, np.ndarray]:
-        """Run side graph `role` on feeds; returns its outputs by name."""
+    def open(self, role: str):
+        """The session of side graph `role`, opened once and kept."""
         if role not in self._sessions:
             if role not in self._files:
                 raise ArtifactError(f"the artifact has no {role} (manifest files: "
@@ -37,7 +37,17 @@ class SideGraphs:
                     self._files[role], self._so(), providers=["CPUExecutionProvider"])
             except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, f"loading the {role}") from e
-        sess = self._sessions[role]
+        return self._sessions[role]
+
+    def open_all(self) -> None:
+        """Open the session of every side graph the artifact has."""
+        for role in names.SIDE_FILES:
+            if role in self._files:
+                self.open(role)
+
+    def run(self, role: str, feeds: dict, what: str) -> dict[str, np.ndarray]:
+        """Run side graph `role` on feeds; returns its outputs by name."""
+        sess = self.open(role)
         params = self._parameters()  # .data is a zero-copy view of the state's tensor
         feeds = {**{i.name: params[i.name].data for i in sess.get_inputs() if i.name in params},
                  **feeds}

@@ -19,6 +19,7 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from edgetrain.reservations import measure_reservations
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
                                  torch_to_onnx)
@@ -195,5 +196,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
+    manifest.write(out)
+    # The sessions' reservations are read off ORT's allocator with the artifact as written
+    # (its manifest included), then recorded: the runtime takes them from the budget.
+    manifest = dataclasses.replace(manifest, session_reserve_bytes=measure_reservations(out))
     manifest.write(out)
     return manifest

@@ -178,17 +178,20 @@ def test_unsupported_layers_are_refused_before_any_file(tmp_path, model, module,
 @pytest.mark.parametrize("case", ["cnn1d_bn", "moe_transformer", "transformer_encoder"],
                          indirect=True)
 def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
-    """measure --budget B for B just under, at and just over the measured peak."""
+    """measure --budget B for B just under, at and just over the measured peak: the cap is
+    exact, so the peak itself fits and one byte less does not."""
     peak = case.measured[0]["peak_bytes"]
     for budget in (peak - 1, peak - 4096, peak, peak + 4096):
         p = cli("measure", case.arts["none"], "--batch", BATCH, "--steps", "1",
                 "--budget", budget, "--json")
-        if p.returncode == 0:
+        if budget >= peak:
+            assert p.returncode == 0, p.stderr
             assert json.loads(p.stdout)["peak_bytes"] <= budget
         else:
             assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
-    assert cli("measure", case.arts["none"], "--batch", BATCH, "--steps", "1", "--budget",
-               peak, "--json").returncode == 0
+    # the later sessions' reservations were measured at export and cover the inference model's
+    assert case.manifests["none"].session_reserve_bytes >= case.measured[0][
+        "inference_weights_bytes"] > 0
 
 
 @pytest.mark.parametrize("case", ["transformer_encoder"], indirect=True)

@@ -131,13 +131,14 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
         known = None
     plan = plan_step(train, batch, known)
-    inference = sum(t.nbytes for t in list(trainable) + list(frozen)) + graph_constants(eval_bytes)
+    # the inference session reserves its weights, each in its own 256-byte-rounded chunk
+    inference = state_bytes(list(trainable) + list(frozen)) + graph_constants(eval_bytes)
     breakdown = {
         "parameters": state_bytes(list(trainable) + list(frozen)),
         "gradients": grads,
         "optimizer_state": 2 * grads,
         "activations": (arena_rounded(plan.pattern_bytes)
-                        + scratch_bytes(train, batch, threads, known)),
+                        + scratch_bytes(train, batch, threads, known, plan.dynamic)),
         "other": (constant_bytes(train_graph, state)
                   + constant_bytes(onnx.load_model_from_string(eval_bytes), state)
                   + RUNTIME_SCALAR_BYTES + inference),

@@ -6,6 +6,12 @@
     reuses an input that dies there; otherwise a freed buffer of the same shape is taken
     before a new one;
   * the memory pattern: every new buffer is placed best-fit into one block by its lifetime.
+    Only tensors whose shape ORT's planner can resolve from the graph and the input shapes
+    (ONNX shape inference at the batch) are in it. A tensor whose shape is computed inside
+    the graph (attention's Reshape to [B, heads, T, d] and everything after it) is sized
+    only when its node runs: it is a run-time allocation (`dynamic`), from its producer to
+    its last reader, which scratch.py replays through the arena model with the kernels'
+    temporaries (measured: the arena grows by exactly these tensors on attention graphs).
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ class StepPlan:
     live_peak_bytes: int  # peak of bytes live at once (no fragmentation)
     timeline: tuple[int, ...]  # bytes live after each node, in execution order
     unsized: tuple[str, ...] = ()  # tensors whose shape could not be found (counted as 0)
+    # run-time allocations: (tensor, bytes, first node index, last node index) in `order`
+    dynamic: tuple[tuple[str, int, int, int], ...] = ()
 
 
 def parameter_gradients(model: onnx.ModelProto, nodes) -> set[str]:
@@ -45,7 +53,8 @@ def plan_step(path: str, batch: int, known: Shapes | None = None) -> StepPlan:
     known: tensor shapes found by evaluating the forward graph (evaluated.py)."""
     model = load_graph(path)
     nodes, _ = drop_identities(model)
-    shapes = tensor_shapes(model, batch, known)
+    shapes = tensor_shapes(model, batch)  # what ORT's planner can size
+    sized = tensor_shapes(model, batch, known) if known else shapes  # when the step runs
     order = execution_order(nodes)
     state = {i.name for i in model.graph.initializer}
     feeds = {i.name for i in model.graph.input} | state
@@ -66,17 +75,26 @@ def plan_step(path: str, batch: int, known: Shapes | None = None) -> StepPlan:
     free_by_size: dict[int, list[int]] = {}
     live = 0
     timeline, unsized = [], []
+    dynamic: dict[str, list] = {}  # root tensor -> [bytes, first, last]
+    dynamic_root: dict[str, str] = {}  # tensor -> the run-time allocation it lives in
     for t, i in enumerate(order):
         n = nodes[i]
         for k, o in enumerate(n.output):
-            if o and o not in shapes and o not in feeds:
+            if o and o not in sized and o not in feeds:
                 unsized.append(o)
-            if not o or o in feeds or o not in shapes or o in runtime_allocated:
+            if not o or o in feeds or o not in sized or o in runtime_allocated:
                 continue
-            size = nbytes(shapes[o])
             src = n.input[0] if n.input else None
             if n.op_type == "PassThrough" and k < len(n.input):
                 src = n.input[k]
+            if n.op_type in ALIAS_OPS and src in dynamic_root:
+                dynamic_root[o] = dynamic_root[src]
+                continue
+            if o not in shapes:  # sized only when the node runs
+                dynamic_root[o] = o
+                dynamic[o] = [nbytes(sized[o]), t, t]
+                continue
+            size = nbytes(shapes[o])
             if n.op_type in ALIAS_OPS and src in buffer_of:
                 b = buffer_of[src]
             elif (n.op_type in INPLACE_OPS and k == 0 and src in buffer_of
@@ -109,11 +127,14 @@ def plan_step(path: str, batch: int, known: Shapes | None = None) -> StepPlan:
     for b in buffers:
         if b["live"]:
             b["spans"].append((b["start"], end))
-    pattern = pack([(b["size"], s, e) for b in buffers for s, e in [(b["spans"][0][0],
-                                                                    b["spans"][-1][1])]])
+    for tensor, root in dynamic_root.items():
+        entry = dynamic[root]
+        entry[2] = max(entry[2], min(last_use.get(tensor, entry[1]), end - 1))
+    pattern = pack([(b["size"], tuple(b["spans"])) for b in buffers])
     return StepPlan(batch=batch, order=tuple(nodes[i].name for i in order),
                     pattern_bytes=pattern, live_peak_bytes=max(timeline, default=0),
-                    timeline=tuple(timeline), unsized=tuple(unsized))
+                    timeline=tuple(timeline), unsized=tuple(unsized),
+                    dynamic=tuple((o, b, s, e) for o, (b, s, e) in dynamic.items()))
 
 
 def _users_dead(buf: dict, last_use: dict, t: int) -> bool:
@@ -121,14 +142,16 @@ def _users_dead(buf: dict, last_use: dict, t: int) -> bool:
     return all(last_use.get(u, t) <= t for u in buf["users"])
 
 
-def pack(blocks: list[tuple[int, int, int]]) -> int:
-    """Best-fit offline placement of (size, start, end) blocks in allocation order; the
-    block's total size."""
-    placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
+def pack(blocks: list[tuple[int, tuple[tuple[int, int], ...]]]) -> int:
+    """Best-fit placement of (size, live spans) blocks in allocation order, as ORT's
+    MemPatternPlanner does with program counters: a buffer reused by several tensors is
+    live only in their spans, so another block may sit in the time between them. Returns
+    the pattern block's total size."""
+    placed: list[tuple[int, int, tuple]] = []  # offset, size, spans
     total = 0
-    for size, start, end in sorted(blocks, key=lambda b: b[1]):
+    for size, spans in sorted(blocks, key=lambda b: b[1][0][0]):
         size = -(-size // PATTERN_ALIGN) * PATTERN_ALIGN
-        overlapping = sorted((o, s) for o, s, a, b in placed if a <= end and start <= b)
+        overlapping = sorted((o, s) for o, s, other in placed if _overlap(spans, other))
         best, waste, cur = None, None, 0
         for o, s in overlapping:
             if o - cur >= size and (waste is None or o - cur - size < waste):
@@ -136,6 +159,10 @@ def pack(blocks: list[tuple[int, int, int]]) -> int:
             cur = max(cur, o + s)
         if best is None:
             best = cur
-        placed.append((best, size, start, end))
+        placed.append((best, size, spans))
         total = max(total, best + size)
     return total
+
+
+def _overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    return any(s1 <= e2 and s2 <= e1 for s1, e1 in a for s2, e2 in b)

@@ -5,7 +5,9 @@ Run-time allocations, in execution order:
     output pixels x K when the filter count exceeds them; otherwise threads x 16384 floats;
   * ConvGrad: a column buffer of K x output pixels and a bias multiplier of output pixels
     (orttraining/training_ops/cpu/nn/conv_grad.cc), freed when the kernel returns;
-  * weight gradients, live until the gradient accumulator consumes them.
+  * weight gradients, live until the gradient accumulator consumes them;
+  * tensors ORT's planner cannot size before the step (plan.StepPlan.dynamic), from the node
+    that produces them until their last reader has run.
 They go through a model of the arena (RegionArena): a request takes the best-fitting free gap
 of an existing region, or the arena grows by a new region of exactly its size. The regions'
 total is the scratch. Matched the measured growth to the byte on the three seed networks.
@@ -25,8 +27,10 @@ MLAS_SGEMM_THREAD_COMPLEXITY = 65536
 MLAS_MAXIMUM_THREAD_COUNT = 16
 
 
-def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = None) -> int:
-    """The arena's growth outside the memory pattern in one step at `batch` with `threads`."""
+def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = None,
+                  dynamic: tuple[tuple[str, int, int, int], ...] = ()) -> int:
+    """The arena's growth outside the memory pattern in one step at `batch` with `threads`.
+    dynamic: the run-time-sized tensors of plan_step's plan (same execution order)."""
     model = load_graph(path)
     nodes, _ = drop_identities(model)
     shapes = runtime_shapes(model, batch, known=known)
@@ -35,6 +39,11 @@ def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = No
     last_use = {x: position[i] for i in order for x in nodes[i].input}
     weight_grads = parameter_gradients(model, nodes)
     conv_out = forward_conv_outputs(nodes)
+    starts: dict[int, list[tuple[str, int]]] = {}
+    ends: dict[str, int] = {}
+    for name, size, first, last in dynamic:
+        starts.setdefault(first, []).append((name, size))
+        ends[name] = last
     arena = RegionArena()
     live: list[str] = []
     for t, i in enumerate(order):
@@ -42,13 +51,16 @@ def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = No
         temps = conv_temporaries(n, shapes, conv_out, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
+        for name, size in starts.get(t, []):
+            arena.alloc(name, size)
+            live.append(name)
         for o in n.output:
             if o in weight_grads and o in shapes:
                 arena.alloc(o, nbytes(shapes[o]))
                 live.append(o)
         for k in range(len(temps)):
             arena.free(f"tmp{t}.{k}")
-        for o in [o for o in live if last_use.get(o, -1) <= t]:
+        for o in [o for o in live if ends.get(o, last_use.get(o, -1)) <= t]:
             arena.free(o)
             live.remove(o)
     return sum(arena.regions)

@@ -11,12 +11,13 @@ batch. ORT's arena logs every time an arena grows ("Extending BFCArena ... round
     its high-water mark. Its growth is attributed to the phase in which it happened.
   * other arenas (checkpoint tensors, the API's scalars): one allocation each, counted at the
     chunk size requested (R).
-  * every session's initializers (graph constants; the inference model's weights): one
-    buffer per session, reserved in the env arena ("Reserving memory in BFCArena ... size: S")
-    past its limit; counted under "other" (the inference session's are reported beside it as
-    `inference_weights_bytes`). The runtime takes them from the budget up front.
-peak_bytes = env arena total (reservations included) + other arenas' chunks: every byte of
-the training working set that ORT allocates. Not counted: the Python interpreter, numpy batches, ORT's code and graph
+  * the training Module's graph constants: reserved in the env arena ("Reserving memory in
+    BFCArena ... size: S") when it opens; counted under "other".
+  * the inference session on the exported model (no memory pattern, edgetrain/sessions.py):
+    its weights and its run are ordinary env-arena allocations, attributed to "activations"
+    when they grow the arena (they often fit in space training has freed).
+peak_bytes = env arena total + other arenas' chunks: every byte of the training working set
+that ORT allocates. Not counted: the Python interpreter, numpy batches, ORT's code and graph
 structures (process RSS is reported beside it as `process_peak_rss_bytes`).
 """
 from __future__ import annotations
@@ -32,13 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from device_sim.layout import fix_address_layout
-from edgetrain.reservations import RESERVE_LINE
 
 MARK = "EDGETRAIN-PHASE "
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 _EXTENDING = re.compile(r"Extending BFCArena for \w+\. .*rounded_bytes:(\d+)")
 _EXTENDED = re.compile(r"Extended allocation by (\d+) bytes\.")
 _TOTAL = re.compile(r"Total allocated bytes: (\d+)")
+_RESERVE = re.compile(r"Reserving memory in BFCArena for \w+ size: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,6 @@ class Measurement:
     peak_bytes: int
     arena_bytes: int  # the capped env arena's high-water mark
     outside_arena_bytes: int  # checkpoint tensors and API scalars
-    inference_weights_bytes: int  # the inference session's weights (counted; part of "other")
     breakdown: dict  # category -> bytes; sums to peak_bytes
     batch: int
     step_time_s: float  # median wall time of one optimizer step of `accumulation` micro-batches
@@ -71,7 +71,7 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
         if line.startswith(MARK):
             phase = line[len(MARK):].strip()
             continue
-        if m := RESERVE_LINE.search(line):
+        if m := _RESERVE.search(line):
             # Session initializers (constants of the graphs) reserved in the env arena.
             pending_reserve += int(m.group(1))
             per["other"] += int(m.group(1))
@@ -93,17 +93,6 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
             rounded = extended = None
     env_total += pending_reserve
     return env_total, outside, per
-
-
-def reserved_in_phase(text: str, phase: str) -> int:
-    """Bytes reserved (RESERVE_LINE) while the arena log was in `phase`."""
-    current, total = None, 0
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            current = line[len(MARK):].strip()
-        elif current == phase and (m := RESERVE_LINE.search(line)):
-            total += int(m.group(1))
-    return total
 
 
 def _category(phase: str) -> str:
@@ -142,16 +131,15 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
             raise RuntimeError(f"measurement process failed (exit {proc.returncode}):\n{tail}")
         probe = json.loads(result_path.read_text())
     arena, outside, per = parse_arena_log(text)
-    inference = reserved_in_phase(text, "inference")
     result = Measurement(peak_bytes=arena + outside, arena_bytes=arena,
-                         outside_arena_bytes=outside, inference_weights_bytes=inference,
+                         outside_arena_bytes=outside,
                          breakdown=per, batch=batch, step_time_s=probe["step_time_s"],
                          process_peak_rss_bytes=probe["peak_rss_bytes"],
                          torch_loaded=probe["torch_loaded"], threads=probe["threads"])
     if budget_bytes is not None and result.peak_bytes > budget_bytes:
-        # ORT reserves each session's initializers past its arena's limit; the runtime takes
-        # the artifact's measured reservations from the budget up front, so this is a check
-        # that they did not grow (e.g. an artifact exported without them measured).
+        # The runtime's cap is exact (edgetrain/budget.py); this check guards what it rests
+        # on (ORT reserving bytes past the arena's limit), so a run can never be reported as
+        # fitting a budget it exceeded.
         over = result.peak_bytes - budget_bytes
         raise BudgetError(
             f"batch {batch} reached {result.peak_bytes} bytes, {over} over the budget of "
@@ -213,6 +201,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         rt.eval_logits(x)
         mark("other")
         path = rt.export_inference(Path(tmp) / names.RUN_INFERENCE_MODEL)
+        rt.release_training()  # as personalise does before its inference check
         mark("inference")
         rt.inference_logits(path, x)
         mark("end")

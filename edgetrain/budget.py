@@ -11,16 +11,21 @@ Where ORT 1.19.2's training API puts its bytes (measured, see docs/concepts.md):
     optimizer graphs: the environment's shared arena, which we cap with `max_mem`.
   * three scalars the API creates per run (lazy_reset_grad flag, learning rate, step):
     one 256-byte chunk each, outside the arena.
-  * every session's graph initializers (graph constants; the inference model's weights) are
-    one buffer per session taken with BFCArena::Reserve, which does not check the arena's
-    limit but counts toward it. The training Module's sessions open first, so later growth
-    sees their reservations. Sessions opened later (side graphs, the inference model the
-    runtime opens to check it predicts what training predicts) reserve past the limit; their
-    bytes are measured at export and recorded in the manifest (edgetrain/reservations.py).
-    Weight prepacking, which would reserve padded copies of MatMul/Gemm weights the same way,
-    is off (edgetrain/sessions.py).
-So the budget is split exactly: state, scalar and reserved bytes are taken up front, and
-the rest becomes the arena's hard limit. A budget below the fixed part fails before anything loads;
+  * the training Module's graph constants (training, eval and optimizer graphs): one buffer
+    per session taken with BFCArena::Reserve when the Module opens, before anything else is
+    allocated. Reserve does not check the arena's limit but counts toward it, so every later
+    request is checked against what is left. A reservation that pushed the arena past its
+    limit would turn ORT's check `limit - allocated` (unsigned) into a huge number and lift
+    the cap for the rest of the process, so the cap must at least hold these bytes
+    (min_cap_bytes, an upper estimate from the graphs' stored tensors).
+  * every session the runtime opens later (side graphs, the inference model it opens to
+    check that it predicts what training predicts) runs without a memory pattern and
+    without weight prepacking (edgetrain/sessions.py): its weights and constants are then
+    ordinary arena allocations, inside the limit. (With a memory pattern its initializers
+    are one Reserve past the limit; with prepacking, MLAS's padded copies of MatMul/Gemm
+    weights are, measured.)
+So the budget is split exactly: state and scalar bytes are taken up front, and the rest
+becomes the arena's hard limit. A budget below the fixed part fails before anything loads;
 an arena request past its limit fails inside ORT before the allocation happens.
 """
 from __future__ import annotations
@@ -57,25 +62,23 @@ class BudgetSplit:
     budget_bytes: int
     state_bytes: int  # checkpoint tensors, each rounded to its arena chunk
     scalar_bytes: int  # the API's per-run scalars
-    reserved_bytes: int  # later sessions' initializers, reserved past the arena's limit
     arena_cap_bytes: int  # hard limit handed to the env arena
 
     @classmethod
-    def from_budget(cls, budget_bytes: int, state_bytes: int, reserved_bytes: int = 0
+    def from_budget(cls, budget_bytes: int, state_bytes: int, min_cap_bytes: int = 0
                     ) -> "BudgetSplit":
+        """min_cap_bytes: the least cap that holds the training Module's reserved constants."""
         if budget_bytes <= 0:
             raise BudgetError(f"budget must be a positive number of bytes, got {budget_bytes}; "
                               "pass e.g. --budget 16MB or --device NAME", budget_bytes, None)
-        fixed = state_bytes + RUNTIME_SCALAR_BYTES + reserved_bytes
-        if budget_bytes <= fixed:
+        fixed = state_bytes + RUNTIME_SCALAR_BYTES
+        if budget_bytes <= fixed + min_cap_bytes:
             raise BudgetError(
                 f"budget of {budget_bytes} bytes is below the model's parameters alone "
                 f"({state_bytes} bytes, plus {RUNTIME_SCALAR_BYTES} of runtime scalars and "
-                f"{reserved_bytes} the sessions reserve for constants and the inference "
-                f"model's weights); no step can run. "
-                f"Try {FIXES}.", budget_bytes, fixed + ARENA_CHUNK_BYTES)
-        return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, reserved_bytes,
-                   budget_bytes - fixed)
+                f"{min_cap_bytes} for the graphs' constants); no step can run. "
+                f"Try {FIXES}.", budget_bytes, fixed + min_cap_bytes + ARENA_CHUNK_BYTES)
+        return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, budget_bytes - fixed)
 
 
 def state_bytes(tensors) -> int:
@@ -112,8 +115,9 @@ def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> Budg
         f"{what} needs more memory than the budget: it asked the runtime for {requested} bytes "
         f"with {available} left of the {split.arena_cap_bytes}-byte working-set cap "
         f"(budget {split.budget_bytes} bytes = {split.state_bytes} parameters + "
-        f"{split.scalar_bytes} runtime scalars + {split.reserved_bytes} reserved for the "
-        f"sessions' constants and inference weights + {split.arena_cap_bytes} for gradients, optimizer state and activations). It needs at least {needed} bytes; "
+        f"{split.scalar_bytes} runtime scalars + {split.arena_cap_bytes} for gradients, "
+        f"optimizer state, activations and the graphs' weights and constants). It needs at "
+        f"least {needed} bytes; "
         f"`edgetrain measure` gives the exact peak. Try {FIXES}. "
         "Nothing was written: saved checkpoints are untouched.",
         split.budget_bytes, needed)

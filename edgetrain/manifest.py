@@ -68,9 +68,6 @@ class Manifest:
     masks: tuple[MaskSpec, ...] = ()  # sparse weights (empty: dense)
     # with masks: every parameter that stays dense, and why (PyTorch name -> reason)
     dense_weights: dict = dataclasses.field(default_factory=dict)
-    # bytes ORT reserves past the arena's limit for every session's initializers, measured
-    # at export (edgetrain/reservations.py); None: not measured (the runtime estimates)
-    session_reserve_bytes: int | None = None
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -104,7 +101,6 @@ class Manifest:
                 masks=tuple(MaskSpec(m["weight"], tuple(m["shape"]), int(m["nnz"]),
                                      m["values"], m["positions"]) for m in d.get("masks", [])),
                 dense_weights=dict(d.get("dense_weights", {})),
-                session_reserve_bytes=_optional_count(d.get("session_reserve_bytes")),
             )
         except (KeyError, TypeError) as e:
             raise ArtifactError(f"manifest is missing or has a malformed field: {e}; "
@@ -167,15 +163,6 @@ def sha256_file(path: Path) -> str:
 def file_entry(folder: Path, name: str) -> FileEntry:
     p = Path(folder) / name
     return FileEntry(path=name, size_bytes=p.stat().st_size, sha256=sha256_file(p))
-
-
-def _optional_count(value) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArtifactError(f"manifest session_reserve_bytes must be a byte count, got "
-                            f"{value!r}; re-export the artifact")
-    return value
 
 
 def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:

@@ -13,6 +13,7 @@ TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT = (
     "training_model", "eval_model", "optimizer_model", "checkpoint")
 MASK_GRAD_MODEL, BATCHNORM_STATS_MODEL = "mask_grad_model", "batchnorm_stats_model"
 REQUIRED_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
+MODULE_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)  # the training Module's graphs
 FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
          OPTIMIZER_MODEL: "optimizer_model.onnx", CHECKPOINT: "checkpoint"}
 # Written only when the model has sparse masks / BatchNorm layers (exporters/sidegraphs.py).

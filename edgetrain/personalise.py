@@ -209,6 +209,7 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     if test_feed is not None:
         logits = evaluate(rt.eval_logits, test_feed, b)
         after = accuracy(logits, test[1])
+        rt.release_training()  # the inference check's weights go where training's were
         infer = evaluate(lambda xb: rt.inference_logits(infer_path, xb), test_feed, b)
         agreement = float((infer.argmax(-1) == logits.argmax(-1)).mean())
     result = PersonaliseResult(

@@ -18,38 +18,17 @@ import numpy as np
 
 from edgetrain import names
 from edgetrain.atomicfile import atomic_write
-from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena, state_bytes
+from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, state_bytes_of
+from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
 from edgetrain.onnxscan import constant_bytes
-from edgetrain.reservations import reserve_bound_bytes
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
 from edgetrain.sidegraphs import SideGraphs
 
 _OPENED = False  # the env arena is per process: one runtime per process
-
-
-def state_bytes_of(manifest: Manifest) -> int:
-    """Bytes the checkpoint tensors occupy once loaded: one arena chunk per tensor."""
-    return state_bytes(manifest.trainable + manifest.frozen)
-
-
-def inference_bytes_of(folder: Path, manifest: Manifest) -> int:
-    """Bytes the exported inference model stores: every checkpoint tensor (now an
-    initializer) and the eval graph's constants (a model holding more is not this artifact's)."""
-    eval_graph = (folder / manifest.files[names.EVAL_MODEL].path).read_bytes()
-    return (sum(t.nbytes for t in manifest.trainable + manifest.frozen)
-            + constant_bytes(eval_graph))
-
-
-def reserved_bytes_of(folder: Path, manifest: Manifest) -> int:
-    """Bytes ORT's sessions reserve past the arena's limit: measured at export
-    (manifest.session_reserve_bytes), else an upper estimate (edgetrain/reservations.py)."""
-    if manifest.session_reserve_bytes is not None:
-        return manifest.session_reserve_bytes
-    return reserve_bound_bytes(folder, manifest)
 
 
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
@@ -66,9 +45,8 @@ class DeviceRuntime:
         self.folder = Path(folder)
         self.manifest = m = load_manifest(self.folder)  # verifies sizes and hashes
         self.inference_bytes = inference_bytes_of(self.folder, m)
-        self.reserved_bytes = reserved_bytes_of(self.folder, m)
         self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m),
-                                              self.reserved_bytes)
+                                              module_constants_bytes(self.folder, m))
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
@@ -82,14 +60,10 @@ class DeviceRuntime:
         self.optimizer.set_learning_rate(float(m.optimizer["lr"]))
         self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
-        self.side = SideGraphs(self._ort, self._files, m, self._session_options,
+        self.side = SideGraphs(self._ort, self._files, m,
+                               lambda: session_options(self._ort, self.threads,
+                                                       memory_pattern=False),
                                lambda: self.state.parameters, self._translate)
-        # Opened now, before training grows the arena, so the arena's limit sees their
-        # reservations (edgetrain/reservations.py); only the inference model's are reserved
-        # up front.
-        if on_phase:
-            on_phase("other")
-        self.side.open_all()
 
     def _session_options(self):
         """Fresh options for each session: ORT's training Module changes the options object it
@@ -275,7 +249,8 @@ class DeviceRuntime:
             self._infer = None
             try:
                 self._infer = (str(model_path), self._ort.InferenceSession(
-                    str(model_path), self._session_options(),
+                    str(model_path), session_options(self._ort, self.threads,
+                                                     memory_pattern=False),
                     providers=["CPUExecutionProvider"]))
             except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, "loading the inference model") from e
@@ -301,6 +276,13 @@ class DeviceRuntime:
             self.module.export_model_for_inferencing(str(tmp), [names.LOGITS_NAME])
         return Path(path)
 
+    def release_training(self) -> None:
+        """Free the training Module and optimizer (their gradients, moments and activations
+        return to the arena's free space, where an inference session's weights then fit).
+        Afterwards only inference_logits and save_checkpoint work."""
+        self.optimizer = self.module = None
+        self.side = None
+        trim_heap()
 
-__all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "state_bytes_of",
-           "inference_bytes_of", "reserved_bytes_of", "runtime_threads"]
+
+__all__ = ["DeviceRuntime", "BudgetError", "CheckpointWriteError", "runtime_threads"]

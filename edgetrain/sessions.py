@@ -11,22 +11,24 @@ import numpy as np
 LOG_LEVEL_ENV = "EDGETRAIN_ORT_LOG_LEVEL"
 
 
-def session_options(ort, threads: int):
+def session_options(ort, threads: int, memory_pattern: bool = True):
     """SessionOptions for every session the runtime opens (training, side graphs, inference).
 
     All of them allocate from the process's capped env arena (edgetrain/budget.py) and run
-    `threads` intra-op threads. Weight prepacking is off: ORT reserves a packed copy of every
-    constant MatMul/Gemm weight (MLAS pads its columns to 16, so a 3-class head packs 5x its
-    size) with BFCArena::Reserve, which bypasses the arena's limit; off, those bytes are not
-    allocated at all (measured: the inference session's reservations went from 384 + 1024 +
-    8192 bytes to none on a small MLP). ORT's own error lines are suppressed: its errors reach the
-    user translated (e.g. a BudgetError naming the bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows
-    them for debugging."""
+    `threads` intra-op threads. Weight prepacking is off: ORT would take a packed copy of
+    every constant MatMul/Gemm weight (MLAS pads its columns to 16, so a 3-class head packs 5x
+    its size) with BFCArena::Reserve, past the arena's limit. memory_pattern False (sessions
+    opened after training has grown the arena: side graphs, the inference model): with a
+    pattern, ORT would also Reserve all the session's initializers in one buffer past the
+    limit (measured); without, each is an ordinary, capped allocation. ORT's own error lines
+    are suppressed: its errors reach the user translated (e.g. a BudgetError naming the
+    bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging."""
     if threads <= 0:
         raise ValueError(f"threads must be a positive number, got {threads}")
     so = ort.SessionOptions()
     so.add_session_config_entry("session.use_env_allocators", "1")
     so.add_session_config_entry("session.disable_prepacking", "1")
+    so.enable_mem_pattern = memory_pattern
     so.log_severity_level = int(os.environ.get(LOG_LEVEL_ENV, "4"))
     so.intra_op_num_threads = threads
     return so

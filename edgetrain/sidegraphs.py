@@ -39,12 +39,6 @@ class SideGraphs:
                 raise self._translate(e, f"loading the {role}") from e
         return self._sessions[role]
 
-    def open_all(self) -> None:
-        """Open the session of every side graph the artifact has."""
-        for role in names.SIDE_FILES:
-            if role in self._files:
-                self.open(role)
-
     def run(self, role: str, feeds: dict, what: str) -> dict[str, np.ndarray]:
         """Run side graph `role` on feeds; returns its outputs by name."""
         sess = self.open(role)

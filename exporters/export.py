@@ -19,7 +19,6 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from edgetrain.reservations import measure_reservations
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
                                  torch_to_onnx)
@@ -149,9 +148,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
 
-    def predicted_peak() -> int:
-        return predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
-                       plan.threads).peak_bytes
+    def predicted_peak() -> int | None:
+        p = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES, plan.threads)
+        return p.peak_bytes if p.complete else None
 
     if recompute == "budget":
         first = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
@@ -196,9 +195,5 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
-    manifest.write(out)
-    # The sessions' reservations are read off ORT's allocator with the artifact as written
-    # (its manifest included), then recorded: the runtime takes them from the budget.
-    manifest = dataclasses.replace(manifest, session_reserve_bytes=measure_reservations(out))
     manifest.write(out)
     return manifest

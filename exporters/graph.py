@@ -108,7 +108,8 @@ def is_backward(node) -> bool:
 def forward_conv_outputs(nodes) -> dict[tuple[str, str], str]:
     """(X, W) -> output of the forward Conv; a ConvGrad reads the same X and W, and its own
     output-gradient input may be unsized, so its output geometry comes from here."""
-    return {(n.input[0], n.input[1]): n.output[0] for n in nodes if n.op_type == "Conv"}
+    return {(n.input[0], n.input[1]): n.output[0] for n in nodes
+            if n.op_type in ("Conv", "FusedConv")}
 
 
 def attributes(node) -> dict:

@@ -35,7 +35,7 @@ def forward_shapes(eval_path: str, batch: int) -> Shapes:
     return out
 
 
-def _onnxruntime():
+def onnxruntime_module():
     """The onnxruntime module. The training build's package initialiser imports torch (4 s)
     unless torch is marked absent while it runs; the predictor needs only InferenceSession,
     so a process without torch (`edgetrain measure`) stays without it, and torch can still
@@ -54,7 +54,7 @@ def _onnxruntime():
 
 @lru_cache(maxsize=16)
 def _run_shapes(eval_path: str, batch: int, stamp: tuple[int, int]) -> Shapes:
-    ort = _onnxruntime()
+    ort = onnxruntime_module()
 
     model = onnx.load(eval_path, load_external_data=False)
     g = model.graph

@@ -1,79 +1,73 @@
 """Arena growth outside ORT's memory pattern during a step, replayed from the graph.
 
-Run-time allocations, in execution order:
-  * forward Conv: MLAS's working buffer (MlasConvPrepare): none for a pointwise conv;
-    output pixels x K when the filter count exceeds them; otherwise threads x 16384 floats;
+Run-time allocations, in the plan's execution order (plan.StepPlan):
+  * forward Conv (and FusedConv): MLAS's working buffer (MlasConvPrepare): none for a
+    pointwise conv; output pixels x K when the filter count exceeds them; otherwise
+    threads x 16384 floats;
   * ConvGrad: a column buffer of K x output pixels and a bias multiplier of output pixels
     (orttraining/training_ops/cpu/nn/conv_grad.cc), freed when the kernel returns;
-  * weight gradients, live until the gradient accumulator consumes them;
-  * tensors ORT's planner cannot size before the step (plan.StepPlan.dynamic), from the node
+  * the tensors the plan could not lay out in the pattern (StepPlan.dynamic), from the node
     that produces them until their last reader has run.
 They go through a model of the arena (RegionArena): a request takes the best-fitting free gap
 of an existing region, or the arena grows by a new region of exactly its size. The regions'
-total is the scratch. Matched the measured growth to the byte on the three seed networks.
-The constants are MLAS's in onnxruntime 1.19.2 (exporters/predictor/__init__.py checks it).
+total is the scratch. The constants are MLAS's in onnxruntime 1.19.2 (exporters/predictor/
+__init__.py checks it).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from edgetrain.budget import arena_rounded
-from exporters.graph import attributes, drop_identities, execution_order, forward_conv_outputs, load_graph
-from exporters.predictor.plan import parameter_gradients
-from exporters.predictor.shapes import Shapes, nbytes, runtime_shapes
+from exporters.graph import attributes, drop_identities, forward_conv_outputs
+from exporters.predictor.ortgraph import optimized_graph
+from exporters.predictor.plan import StepPlan
+from exporters.predictor.shapes import Shapes, runtime_shapes
 
 MLAS_CONV_BUFFER_FLOATS_PER_THREAD = 16384  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
 MLAS_SGEMM_THREAD_COMPLEXITY = 65536
 MLAS_MAXIMUM_THREAD_COUNT = 16
+CONV_OPS = ("Conv", "FusedConv")
 
 
-def scratch_bytes(path: str, batch: int, threads: int, known: Shapes | None = None,
-                  dynamic: tuple[tuple[str, int, int, int], ...] = ()) -> int:
-    """The arena's growth outside the memory pattern in one step at `batch` with `threads`.
-    dynamic: the run-time-sized tensors of plan_step's plan (same execution order)."""
-    model = load_graph(path)
+def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
+                  known: Shapes | None = None) -> int:
+    """The arena's growth outside the memory pattern in one step at `batch` with `threads`,
+    for the training graph at `path` and its plan (plan_step)."""
+    model = optimized_graph(path)
     nodes, _ = drop_identities(model)
+    by_name = {n.name: n for n in nodes}
     shapes = runtime_shapes(model, batch, known=known)
-    order = execution_order(nodes)
-    position = {i: t for t, i in enumerate(order)}
-    last_use = {x: position[i] for i in order for x in nodes[i].input}
-    weight_grads = parameter_gradients(model, nodes)
     conv_out = forward_conv_outputs(nodes)
     starts: dict[int, list[tuple[str, int]]] = {}
     ends: dict[str, int] = {}
-    for name, size, first, last in dynamic:
+    for name, size, first, last in plan.dynamic:
         starts.setdefault(first, []).append((name, size))
         ends[name] = last
     arena = RegionArena()
     live: list[str] = []
-    for t, i in enumerate(order):
-        n = nodes[i]
-        temps = conv_temporaries(n, shapes, conv_out, threads)
+    for t, name in enumerate(plan.order):
+        temps = conv_temporaries(by_name[name], shapes, conv_out, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
-        for name, size in starts.get(t, []):
-            arena.alloc(name, size)
-            live.append(name)
-        for o in n.output:
-            if o in weight_grads and o in shapes:
-                arena.alloc(o, nbytes(shapes[o]))
-                live.append(o)
+        for tensor, size in starts.get(t, []):
+            arena.alloc(tensor, size)
+            live.append(tensor)
         for k in range(len(temps)):
             arena.free(f"tmp{t}.{k}")
-        for o in [o for o in live if ends.get(o, last_use.get(o, -1)) <= t]:
-            arena.free(o)
-            live.remove(o)
+        for tensor in [x for x in live if ends[x] <= t]:
+            arena.free(tensor)
+            live.remove(tensor)
     return sum(arena.regions)
 
 
 def conv_temporaries(n, shapes, conv_out, threads: int) -> list[int]:
     """Bytes of the temporaries a Conv or ConvGrad kernel allocates while it runs."""
-    if n.op_type not in ("Conv", "ConvGrad"):
+    if n.op_type not in CONV_OPS + ("ConvGrad",):
         return []
     a = attributes(n)
     group = int(a.get("group", 1))
-    x, w = (n.input[0], n.input[1]) if n.op_type == "Conv" else (n.input[1], n.input[2])
-    y = n.output[0] if n.op_type == "Conv" else conv_out.get((x, w))
+    x, w = (n.input[0], n.input[1]) if n.op_type in CONV_OPS else (n.input[1], n.input[2])
+    y = n.output[0] if n.op_type in CONV_OPS else conv_out.get((x, w))
     if x not in shapes or w not in shapes or y not in shapes:
         return []
     xs, ws = shapes[x][0], shapes[w][0]
@@ -96,7 +90,8 @@ def conv_temporaries(n, shapes, conv_out, threads: int) -> list[int]:
 
 
 class RegionArena:
-    """BFC-like: regions never merge; a request takes the best-fitting gap or a new region."""
+    """BFC-like: regions never merge; a request takes the best-fitting free gap, all of it
+    unless the gap is at least twice the request (BFCArena's split rule), or a new region."""
 
     def __init__(self):
         self.regions: list[int] = []
@@ -115,6 +110,9 @@ class RegionArena:
             self.regions.append(size)
             self.chunks.append([(0, size, name)])
         else:
+            gap = best[0] + size
+            if gap < 2 * size:  # BFCArena splits a free chunk only if it is twice the request
+                size = gap
             self.chunks[best[1]].append((best[2], size, name))
 
     def free(self, name: str) -> None:

@@ -97,12 +97,33 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
                 out[o] = ((len([x for x in n.input if x]),), 8)  # each input's length
             elif (m_ := _PARTIAL_GRAD.fullmatch(o)) and m_.group(1) in out:
                 out[o] = out[m_.group(1)]  # one of several gradient terms of a tensor
+            elif n.op_type == "FusedMatMul" and k == 0 and all(x in out for x in n.input[:2]):
+                shape = _fused_matmul(n, out[n.input[0]][0], out[n.input[1]][0])
+                if shape is not None:
+                    out[o] = (shape, out[n.input[0]][1])
+            elif n.op_type == "BroadcastGradientArgs":  # reduced axes: at most one per dim
+                ranks = [len(out[x][0]) for x in n.input if x in out]
+                out[o] = ((max(ranks, default=8),), 8)
+            elif n.op_type == "ReduceSumTraining" and n.input[0] in out:
+                out[o] = out[n.input[0]]  # axes known only at run time: at most its input
             elif (n.op_type == "Reshape" and n.input[0] in out and n.input[1] in consts):
                 out[o] = (_reshaped(out[n.input[0]][0], consts[n.input[1]]), out[n.input[0]][1])
     return out
 
 
 _PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
+
+
+def _fused_matmul(node, a, b) -> tuple[int, ...] | None:
+    """ORT's FusedMatMul: MatMul of A and B, each optionally transposed in its last two axes
+    (batched transposes, transBatchA/B, are not sized here)."""
+    attrs = {x.name: x.i for x in node.attribute}
+    if attrs.get("transBatchA") or attrs.get("transBatchB") or len(a) < 2 or len(b) < 2:
+        return None
+    a = a[:-2] + a[-2:][::-1] if attrs.get("transA") else a
+    b = b[:-2] + b[-2:][::-1] if attrs.get("transB") else b
+    batch = np.broadcast_shapes(a[:-2], b[:-2])
+    return tuple(batch) + (a[-2], b[-1])
 
 
 def _reshaped(shape: tuple[int, ...], target) -> tuple[int, ...]:

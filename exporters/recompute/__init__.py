@@ -46,7 +46,8 @@ def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
 
     Both work on the graph as ORT runs it (Identity nodes removed), so names match.
     batch: the micro-batch the plan is for (tensor sizes). predict_file_peak: the predicted
-    peak bytes of the artifact with the training graph now at `path` (the budget planner
+    peak bytes of the artifact with the training graph now at `path`, None when the
+    predictor cannot predict it (the budget planner
     writes candidates there to check them; the sqrt planner keeps no checkpoints when they
     do not lower it by at least min_saving_bytes). known_shapes: tensor shapes found by
     evaluating the forward graph.
@@ -84,6 +85,11 @@ def plan_and_rewrite(path: str, planner: str, *, batch: int = 1,
         plan = plan_forward(fwd, planner, req)
         if planner == "sqrt" and plan.checkpoints and predict_file_peak is not None:
             with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
+            if with_plan is None or without is None:
+                note = ("no checkpoints: the predictor cannot predict this graph's peak, so "
+                        "it cannot confirm that the sqrt plan lowers it (on attention graphs "
+                        "it can raise it); `edgetrain measure` an export with and without")
+                return dataclasses.replace(write(()), note=note)
             if without - with_plan < min_saving_bytes:
                 note = (f"no checkpoints: the sqrt plan's predicted peak ({with_plan:,} bytes) "
                         f"is not at least {min_saving_bytes:,} bytes below keeping every "

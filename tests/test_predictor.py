@@ -89,3 +89,16 @@ def test_predictor_refuses_an_onnxruntime_it_does_not_model(tiny_artifact, monke
     monkeypatch.setattr(predictor, "installed_ort_version", lambda: None)
     with pytest.raises(predictor.UnsupportedRuntimeError, match="no onnxruntime"):
         predictor.predict_manifest(tiny_artifact, m, 4)
+
+
+def test_a_step_it_cannot_simulate_gets_no_claim(tiny_artifact, monkeypatch):
+    """A graph ORT will not load for analysis: the exact state parts, no claim, and why."""
+    m = load_manifest(tiny_artifact)
+
+    def refuse(path):
+        raise RuntimeError("ORT refused the graph")
+    monkeypatch.setattr(predictor, "optimized_graph", refuse)
+    monkeypatch.setattr("exporters.predictor.plan.optimized_graph", refuse)
+    p = predictor.predict_manifest(tiny_artifact, m, m.plan.micro_batch)
+    assert not p.complete and "ORT refused the graph" in p.caveat()
+    assert p.breakdown["gradients"] == m.predicted["breakdown"]["gradients"]

@@ -70,6 +70,8 @@ class Prediction:
     # activations with Shape nodes run where the training order puts them and as early as
     # possible: ORT's choice is not modelled, so a spread above ORDER_SPREAD_RATIO is no claim
     activations_range_bytes: tuple[int, int] = (0, 0)
+    # why the step could not be simulated at all ('' when it was)
+    failure: str = ""
     method: str = METHOD
 
     @property
@@ -80,7 +82,8 @@ class Prediction:
     @property
     def complete(self) -> bool:
         """Whether peak_bytes is a prediction at all (else not to be trusted)."""
-        return not self.unsized_tensors and not self.unmodelled_ops and not self.order_dependent
+        return not (self.unsized_tensors or self.unmodelled_ops or self.order_dependent
+                    or self.failure)
 
     def caveat(self) -> str:
         """Why the prediction cannot be trusted ('' when it can)."""
@@ -91,6 +94,8 @@ class Prediction:
         if self.unmodelled_ops:
             why.append(f"operators whose run-time memory it does not model "
                        f"({', '.join(self.unmodelled_ops)})")
+        if self.failure:
+            why.append(self.failure)
         if self.order_dependent:
             lo, hi = self.activations_range_bytes
             why.append(f"activations between {lo} and {hi} bytes depending on where ONNX "
@@ -144,22 +149,28 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
         known = forward_shapes(eval_path, batch)
     except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
         known = None
-    plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
-    acts = [arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known)
-            for p in plans]
-    graph = optimized_graph(train)
+    state = {"parameters": state_bytes(tensors), "gradients": grads,
+             "optimizer_state": 2 * grads}
+    try:
+        plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
+        acts = [arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known)
+                for p in plans]
+        graph = optimized_graph(train)
+        constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
+                        for role in names.MODULE_ROLES)
+    except Exception as e:  # noqa: BLE001 - a graph ORT will not load for analysis: no claim
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return Prediction(batch=batch, threads=threads, peak_bytes=sum(state.values()),
+                          breakdown={**state, "activations": 0, "other": 0},
+                          onnxruntime=version, failure=f"its simulation failed ({first})")
     # The inference session the runtime opens at the end (no memory pattern), after freeing
     # the training Module, allocates its weights in the space training used (gradients,
     # moments, activations); only what does not fit grows the arena.
     inference = max(0, sum(t.nbytes for t in tensors) - max(acts) - 3 * grads)
     breakdown = {
-        "parameters": state_bytes(tensors),
-        "gradients": grads,
-        "optimizer_state": 2 * grads,
+        **state,
         "activations": max(acts),
-        "other": (sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
-                      for role in names.MODULE_ROLES)
-                  + RUNTIME_SCALAR_BYTES + inference),
+        "other": constants + RUNTIME_SCALAR_BYTES + inference,
     }
     ops = {n.op_type for n in graph.graph.node}
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),

@@ -21,6 +21,8 @@ from edgetrain import names
 from edgetrain.feed import Feed
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.personalise import accuracy, evaluate
+from edgetrain import resume as resume_points
+from edgetrain.runfolder import RunFolderError, RunLock, check_placement, refuse_finished
 from edgetrain.runtime import DeviceRuntime
 
 DEFAULT_SAMPLES = 256
@@ -52,7 +54,18 @@ def reset_batchnorm(artifact: str | os.PathLike, train: tuple[np.ndarray, np.nda
     and out/result.json. x and y must be checked against the manifest (data.check_xy)."""
     if samples < 1:
         raise ValueError(f"RESET needs at least 1 sample, got {samples}")
-    out = Path(out)
+    check_placement(out, artifact)
+    with RunLock(out):
+        refuse_finished(out, "reset-bn")
+        if resume_points.has_progress(Path(out)):
+            raise RunFolderError(f"--out {out} holds a personalisation run's progress; "
+                                 "reset-bn would mix with it. Choose another --out folder")
+        return _reset(artifact, train, test, Path(out), budget_bytes, samples, seed,
+                      micro_batch, threads)
+
+
+def _reset(artifact, train, test, out: Path, budget_bytes, samples: int, seed: int,
+           micro_batch, threads) -> ResetResult:
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     b = micro_batch or rt.manifest.plan.micro_batch
     rt.set_micro_batch(b)

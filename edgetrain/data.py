@@ -233,6 +233,11 @@ def check_xy(x: np.ndarray, y: np.ndarray, data_shape: tuple[int, ...], num_clas
         first = np.argwhere(bad)[0]
         raise DataError(f"{where}: x holds {int(bad.sum())} NaN/Inf values (first at index "
                         f"{tuple(int(i) for i in first)}); drop or repair those samples")
+    big = float(np.abs(x).max(initial=0.0))
+    if big > np.finfo(np.float32).max:  # finite here, infinite once cast for the runtime
+        raise DataError(f"{where}: x holds a value of magnitude {big:.3g}, beyond float32's "
+                        f"range ({np.finfo(np.float32).max:.3g}); the runtime trains in "
+                        "float32: scale or repair those samples")
     out = (y < 0) | (y >= num_classes)
     if out.any():
         raise DataError(f"{where}: label {int(y[out][0])} is out of range; the artifact has "

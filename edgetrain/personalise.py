@@ -12,6 +12,7 @@ moment loses at most the steps since the last one) -> the final checkpoint -> ev
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetrain import resume as resume_points
+from edgetrain.runfolder import RunLock, check_placement
 from edgetrain import names
 from edgetrain.feed import Feed
 from edgetrain.faultpoints import fault_point
@@ -52,8 +54,12 @@ class TrainConfig:
             raise ValueError(f"accumulation steps must be positive, got {self.accumulation_steps}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint interval must be >= 0 steps, got {self.checkpoint_every}")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"learning rate must be positive, got {self.lr}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"learning rate must be a finite number above 0, got {self.lr}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: the weights can no longer improve."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,18 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                 budget_bytes: int | None, config: TrainConfig = TrainConfig(),
                 progress=None, threads: int | None = None, resume: bool = False
                 ) -> PersonaliseResult:
+    """_personalise in the run folder `out`, held for this process (edgetrain/runfolder.py):
+    never an artifact folder or inside one; a second run on it is refused at once."""
+    check_placement(out, artifact)
+    with RunLock(out):
+        return _personalise(artifact, train, test, out, budget_bytes, config, progress,
+                            threads, resume)
+
+
+def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
+                 test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
+                 budget_bytes: int | None, config: TrainConfig, progress,
+                 threads: int | None, resume: bool) -> PersonaliseResult:
     """Train `artifact` on `train` = (x, y) in a runtime capped at `budget_bytes`.
 
     x and y must already be checked against the manifest (edgetrain.data.check_xy).
@@ -185,7 +203,12 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         for s in range(start_step if epoch == start_epoch else 0, steps_per_epoch):
             for j in range(k):
                 idx = order[(s * k + j) * b:(s * k + j + 1) * b]
-                rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
+                loss = rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
+                if not math.isfinite(loss):  # before the step that would spread it
+                    raise TrainingDiverged(
+                        f"training diverged: the loss is {loss} at optimizer step {steps + 1}; "
+                        f"{out} keeps its last good resume point (nothing after it was "
+                        "saved). Lower the learning rate (--lr) and --resume, or start again")
             rt.optimizer_step(grad_scale=1.0 / k)
             steps += 1
             fault_point("step")

@@ -31,6 +31,17 @@ from edgetrain.sidegraphs import SideGraphs
 _OPENED = False  # the env arena is per process: one runtime per process
 
 
+def checked_lr(lr, what: str) -> float:
+    """A learning rate that can train: a finite positive number (else ValueError)."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{what} is {lr!r}; it must be a finite number above 0, e.g. 3e-4")
+    return value
+
+
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
     """The intra-op thread count a runtime uses: the caller's, else the plan's."""
     return threads or manifest.plan.threads
@@ -57,7 +68,7 @@ class DeviceRuntime:
         # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
         self._min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         self._load(self._files[names.CHECKPOINT], on_phase)
-        self.optimizer.set_learning_rate(float(m.optimizer["lr"]))
+        self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
         self.side = SideGraphs(self._ort, self._files, m,
@@ -199,7 +210,7 @@ class DeviceRuntime:
         self.module.lazy_reset_grad()
 
     def set_learning_rate(self, lr: float) -> None:
-        self.optimizer.set_learning_rate(float(lr))
+        self.optimizer.set_learning_rate(checked_lr(lr, "the learning rate"))
 
     # ---- work through the side graphs --------------------------------------------------------
     def dense_gradients(self, batches) -> dict[str, np.ndarray]:

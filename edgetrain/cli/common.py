@@ -15,10 +15,12 @@ from device_sim.profiles import PROFILES, get_profile
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import ArtifactError
 from edgetrain.ortcheckpoint import CheckpointWriteError
+from edgetrain.personalise import TrainingDiverged
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
 EXIT_DISK = 4  # a checkpoint could not be written (disk full, I/O error)
+EXIT_DIVERGED = 5  # training diverged (NaN/Inf loss); the last good resume point is kept
 UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
@@ -83,6 +85,8 @@ def exit_on_device_errors():
         fail(str(e), EXIT_BUDGET)
     except CheckpointWriteError as e:
         fail(str(e), EXIT_DISK)
+    except TrainingDiverged as e:
+        fail(str(e), EXIT_DIVERGED)
     except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors
         fail(str(e), EXIT_BAD_INPUT)
 

@@ -1,0 +1,100 @@
+"""Issue 17: a run folder is never an artifact and serves one run at a time; values that
+cannot train are refused or stop the run with a clear error, and nothing saved is lost."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, cli, tiny_data
+from test_bad_input import art, refused, rewrite_manifest, saved, snapshot  # noqa: F401
+
+
+def personalise(artifact, data, out, *extra):
+    return cli("personalise", artifact, "--data", data, "--budget", "4MiB", "--epochs", "1",
+               "--out", out, *extra)
+
+
+def test_out_is_never_the_artifact_folder_or_inside_it(art, saved):  # noqa: F811
+    before = snapshot(art)
+    for out in (art, art / "runs" / "u1"):
+        p = personalise(art, saved["data"], out)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert "artifact folder" in p.stderr and "nothing was written" in p.stderr
+        assert snapshot(art) == before  # the artifact is byte for byte what it was
+
+
+def test_reset_bn_never_replaces_a_finished_run(saved):  # noqa: F811
+    p = cli("reset-bn", saved["artifact"], "--data", saved["data"], "--budget", "4MiB",
+            "--out", saved["run"])
+    refused(p, saved, "already holds a run's outputs")
+
+
+def test_a_second_run_on_a_held_folder_is_refused_and_a_kill_frees_it(tiny_artifact, tmp_path):
+    x, y = tiny_data(24, seed=2)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom edgetrain.runfolder import RunLock\n"
+         f"with RunLock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.perf_counter()
+        p = personalise(tiny_artifact, tmp_path / "d.npz", out)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert f"in use by another run (process {holder.pid})" in p.stderr
+        assert time.perf_counter() - t0 < 60  # refused at once, not after a wait
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    p = personalise(tiny_artifact, tmp_path / "d.npz", out)  # the kernel released the lock
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "-1"])
+def test_a_learning_rate_that_cannot_train_is_refused(tiny_artifact, tmp_path, lr):
+    x, y = tiny_data(24, seed=2)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    p = personalise(tiny_artifact, tmp_path / "d.npz", tmp_path / "run", "--lr", lr)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "learning rate" in p.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_manifest_learning_rate_of_nan_is_refused(art, tmp_path):  # noqa: F811
+    import json
+    d = json.loads((art / "manifest.json").read_text())
+    rewrite_manifest(art, optimizer={**d["optimizer"], "lr": float("nan")})
+    x, y = tiny_data(24, seed=2)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    p = personalise(art, tmp_path / "d.npz", tmp_path / "run")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "the manifest's lr is nan" in p.stderr
+
+
+def test_float64_data_beyond_float32_is_refused(tiny_artifact, tmp_path):
+    x, y = tiny_data(24, seed=2)
+    x = x.astype(np.float64)
+    x[3, 0, 0, 0] = 1e39  # finite in float64, inf once cast to float32
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    p = personalise(tiny_artifact, tmp_path / "d.npz", tmp_path / "run")
+    assert p.returncode == 2 and "beyond float32's range" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_diverging_run_stops_with_exit_5_and_keeps_its_last_resume_point(tiny_artifact,
+                                                                            tmp_path):
+    x, y = tiny_data(48, seed=2)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    out = tmp_path / "run"
+    p = personalise(tiny_artifact, tmp_path / "d.npz", out, "--lr", "1e30",
+                    "--checkpoint-every", "1")
+    assert p.returncode == 5 and "training diverged" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (out / "checkpoint").exists()
+    points = sorted((out / "resume").iterdir())
+    assert points  # the resume points written before the loss went bad are all there

@@ -8,6 +8,7 @@ runs, as a power cut):
     fault hook when the variable is set; the runtime itself never reads it.
     At "checkpoint-torn" the temporary checkpoint is first cut to half its bytes.
   * at a random moment from outside: run_until(cmd, delay_s) kills the child after a delay.
+"<point>:<n>:TERM" (or INT) sends SIGTERM (SIGINT) there instead: the OS asking the app to stop.
 """
 from __future__ import annotations
 
@@ -25,8 +26,13 @@ __all__ = ["ENV", "FAULT_POINTS", "install_from_env", "kill_at", "run_until", "R
 
 
 def kill_at(spec: str):
-    """A fault hook that SIGKILLs this process at the n-th arrival at a point ("point:n")."""
-    point, _, nth = spec.partition(":")
+    """A fault hook that SIGKILLs this process at the n-th arrival at a point ("point:n"), or
+    sends it another signal there ("point:n:TERM", "point:n:INT": the OS asking it to stop)."""
+    point, _, rest = spec.partition(":")
+    nth, _, signame = rest.partition(":")
+    sig = getattr(signal, f"SIG{signame}", None) if signame else signal.SIGKILL
+    if sig is None:
+        raise ValueError(f"{ENV}={spec!r} names no signal {signame!r}; use TERM or INT")
     if point not in FAULT_POINTS:
         raise ValueError(f"{ENV}={spec!r} names no fault point; choose one of {FAULT_POINTS}")
     target, arrivals = int(nth or 1), 0
@@ -42,7 +48,7 @@ def kill_at(spec: str):
             p = Path(path)
             with open(p, "rb+") as f:
                 f.truncate(p.stat().st_size // 2)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
     return hook
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import os
 import sys
 import time
@@ -62,6 +64,14 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite: the weights can no longer improve."""
 
 
+class Interrupted(RuntimeError):
+    """SIGTERM or SIGINT arrived: a resume point was written at the current step."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 @dataclass(frozen=True)
 class PersonaliseResult:
     budget_bytes: int | None
@@ -105,15 +115,37 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     """_personalise in the run folder `out`, held for this process (edgetrain/runfolder.py):
     never an artifact folder or inside one; a second run on it is refused at once."""
     check_placement(out, artifact)
-    with RunLock(out):
+    with RunLock(out), StopRequests() as stop:
         return _personalise(artifact, train, test, out, budget_bytes, config, progress,
-                            threads, resume)
+                            threads, resume, stop)
+
+
+class StopRequests:
+    """SIGTERM and SIGINT (a watch OS asking the app to stop, Ctrl-C) are noted, not fatal:
+    the training loop writes a resume point at the end of the current step and stops."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
 
 
 def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
                  test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
                  budget_bytes: int | None, config: TrainConfig, progress,
-                 threads: int | None, resume: bool) -> PersonaliseResult:
+                 threads: int | None, resume: bool, stop: StopRequests) -> PersonaliseResult:
     """Train `artifact` on `train` = (x, y) in a runtime capped at `budget_bytes`.
 
     x and y must already be checked against the manifest (edgetrain.data.check_xy).
@@ -219,9 +251,14 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
                            if UPDATERS[schedule.method].needs_dense_grad else [])
                 regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)
                 mask_updates += 1
-            if s + 1 == steps_per_epoch or (config.checkpoint_every
-                                            and steps % config.checkpoint_every == 0):
+            if (s + 1 == steps_per_epoch or stop.signum is not None
+                    or (config.checkpoint_every and steps % config.checkpoint_every == 0)):
                 commit(epoch, s + 1, epoch_rng_state)
+            if stop.signum is not None:
+                name = signal.Signals(stop.signum).name
+                raise Interrupted(f"stopped by {name} after optimizer step {steps}; a resume "
+                                  f"point was written there: rerun with --resume to finish "
+                                  f"({out})", stop.signum)
             if progress:
                 progress(steps, total)
     train_time = time.perf_counter() - t0

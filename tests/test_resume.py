@@ -92,6 +92,25 @@ def test_resume_after_a_kill_ends_with_the_uninterrupted_weights(tiny_artifact, 
         np.testing.assert_array_equal(np.array(got[k]), np.array(want[k]), err_msg=k)
 
 
+@pytest.mark.parametrize("sig", ["TERM", "INT"])
+def test_sigterm_or_sigint_writes_a_resume_point_and_resume_finishes_bit_identical(
+        tiny_artifact, data_files, uninterrupted, tmp_path, sig):
+    out, every = tmp_path / "run", ("--checkpoint-every", "0")  # epoch ends only, and signals
+    r = run_until(personalise_cmd(tiny_artifact, data_files, out, *every), None,
+                  env(f"step:7:{sig}"))
+    code = 128 + getattr(signal, f"SIG{sig}")
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert "resume point" in r.stderr and "Traceback" not in r.stderr
+    assert assert_resume_points_intact(out) == 7  # written at the step the signal came in
+    r = run_until(personalise_cmd(tiny_artifact, data_files, out, *every, "--resume"), None,
+                  env())
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["resumed_from_step"] == 7
+    got, want = weights(out / "checkpoint"), uninterrupted["weights"]
+    for k in want:
+        np.testing.assert_array_equal(np.array(got[k]), np.array(want[k]), err_msg=k)
+
+
 def test_twenty_kills_at_random_moments_lose_nothing(tiny_artifact, data_files, uninterrupted,
                                                      tmp_path):
     """SIGKILL at >= 20 random points, a third of them inside checkpoint writes: every resume

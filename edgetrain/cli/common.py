@@ -15,7 +15,7 @@ from device_sim.profiles import PROFILES, get_profile
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import ArtifactError
 from edgetrain.ortcheckpoint import CheckpointWriteError
-from edgetrain.personalise import TrainingDiverged
+from edgetrain.personalise import Interrupted, TrainingDiverged
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
@@ -87,6 +87,8 @@ def exit_on_device_errors():
         fail(str(e), EXIT_DISK)
     except TrainingDiverged as e:
         fail(str(e), EXIT_DIVERGED)
+    except Interrupted as e:  # 128 + the signal, as a shell reports a signalled process
+        fail(str(e), 128 + e.signum)
     except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors
         fail(str(e), EXIT_BAD_INPUT)
 

@@ -194,8 +194,17 @@ def verify_files(folder: Path, m: Manifest) -> None:
             raise ArtifactError(f"manifest file {entry.path!r} for {role} is not a plain file name "
                                 "inside the artifact folder; the artifact is refused")
         p = folder / entry.path
+        if p.is_symlink():
+            raise ArtifactError(f"{role} file {p} is a symbolic link (to {os.readlink(p)!r}); "
+                                "an artifact holds its own files, and a link could point "
+                                "anywhere. The artifact is refused; copy the real files")
         if not p.is_file():
             raise ArtifactError(f"{role} file {p} is missing; copy the whole artifact folder again")
+        sidecar = p.with_name(p.name + ".data")
+        if os.path.lexists(sidecar):  # ORT reads a checkpoint's tensors from here if told to
+            raise ArtifactError(f"{sidecar} sits beside the {role} file; ONNX Runtime can read "
+                                "tensors from it, and the manifest does not cover it. The "
+                                "artifact is refused; remove the file or re-export")
         size = p.stat().st_size
         if size != entry.size_bytes:
             raise ArtifactError(f"{role} file {p} is {size} bytes, the manifest says "

@@ -7,8 +7,9 @@ file, which the manifest's hashes do not cover. edgetrain artifacts never use ex
 so the loader refuses any graph that references some.
 
 This walks the protobuf wire format along the fields that can hold a tensor (field numbers
-from onnx.proto3): ModelProto.graph and functions, GraphProto initializers, sparse
-initializers and nodes, NodeProto attributes, AttributeProto tensors and subgraphs.
+from onnx.proto3): ModelProto.graph and functions, FunctionProto nodes and default attribute
+values, GraphProto initializers, sparse initializers and nodes, NodeProto attributes,
+AttributeProto tensors and subgraphs.
 Everything else is skipped by its length, so a graph of many MB scans in milliseconds.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 # (message, field number) -> message type of that field, for the fields that lead to tensors
 _CHILDREN = {
     ("model", 7): "graph", ("model", 25): "function",
-    ("function", 7): "node",
+    ("function", 7): "node", ("function", 11): "attribute",  # attribute_proto: defaults
     ("graph", 1): "node", ("graph", 5): "tensor", ("graph", 15): "sparse",
     ("node", 5): "attribute",
     ("attribute", 5): "tensor", ("attribute", 6): "graph", ("attribute", 10): "tensor",

@@ -130,9 +130,15 @@ def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
         except (ValueError, TypeError) as e:
             skipped.append(f"{name}: unreadable ({e})")
             continue
-        ckpt = d / rs.checkpoint
+        ckpt = d / str(rs.checkpoint)
         if rs.schema != SCHEMA:
             skipped.append(f"{name}: schema {rs.schema}, this runtime reads {SCHEMA}")
+        elif (os.path.basename(str(rs.checkpoint)) != rs.checkpoint
+              or rs.checkpoint in ("", ".", "..") or ckpt.is_symlink()):
+            skipped.append(f"{name}: its checkpoint {rs.checkpoint!r} is not a file of "
+                           "the run folder")
+        elif os.path.lexists(ckpt.with_name(ckpt.name + ".data")):
+            skipped.append(f"{name}: {rs.checkpoint}.data beside it is not covered by its hash")
         elif not ckpt.is_file():
             skipped.append(f"{name}: its checkpoint {rs.checkpoint} is missing")
         elif ckpt.stat().st_size != rs.checkpoint_bytes:

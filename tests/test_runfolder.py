@@ -98,3 +98,37 @@ def test_a_diverging_run_stops_with_exit_5_and_keeps_its_last_resume_point(tiny_
     assert "Traceback" not in p.stderr and not (out / "checkpoint").exists()
     points = sorted((out / "resume").iterdir())
     assert points  # the resume points written before the loss went bad are all there
+
+
+def test_a_checkpoint_data_file_beside_the_checkpoint_is_refused(art, saved):  # noqa: F811
+    (art / "checkpoint.data").write_bytes(b"\0" * 64)
+    p = personalise(art, saved["data"], art.parent / "run")
+    assert p.returncode == 2 and "checkpoint.data" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_symlinked_artifact_file_is_refused(art, saved, tmp_path):  # noqa: F811
+    outside = tmp_path / "elsewhere.onnx"
+    outside.write_bytes((art / "eval_model.onnx").read_bytes())
+    (art / "eval_model.onnx").unlink()
+    (art / "eval_model.onnx").symlink_to(outside)
+    p = personalise(art, saved["data"], art.parent / "run")
+    assert p.returncode == 2 and "symbolic link" in p.stderr, p.stderr
+
+
+def test_external_data_in_a_function_default_attribute_is_refused(art, saved):  # noqa: F811
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(art / "eval_model.onnx"))
+    t = helper.make_tensor("w", onnx.TensorProto.FLOAT, [1], [0.0])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    t.external_data.add(key="location", value="../../../etc/passwd")
+    del t.float_data[:]
+    f = helper.make_function("custom", "f", ["x"], ["y"], [helper.make_node("Identity", ["x"], ["y"])],
+                             [helper.make_opsetid("", 17)])
+    f.attribute_proto.append(helper.make_attribute("value", t))
+    m.functions.append(f)
+    data = m.SerializeToString()
+    from edgetrain.onnxscan import external_data
+    assert external_data(data) == [("w", "../../../etc/passwd")]

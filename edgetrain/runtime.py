@@ -71,9 +71,7 @@ class DeviceRuntime:
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
-        self.side = SideGraphs(self._ort, self._files, m,
-                               lambda: session_options(self._ort, self.threads,
-                                                       memory_pattern=False),
+        self.side = SideGraphs(self._ort, self._files, m, self._late_session_options,
                                lambda: self.state.parameters, self._translate)
 
     def _session_options(self):
@@ -81,6 +79,10 @@ class DeviceRuntime:
         is given, and an inference session opened with that object kept 1.5 KB more outside
         the capped arena (measured)."""
         return session_options(self._ort, self.threads)
+
+    def _late_session_options(self):
+        """Sessions opened once training has grown the arena: no memory pattern (sessions.py)."""
+        return session_options(self._ort, self.threads, memory_pattern=False)
 
     def _load(self, checkpoint: str, on_phase=None) -> None:
         """(Re)build state, module and optimizer from a checkpoint; old ones are freed first."""
@@ -247,8 +249,8 @@ class DeviceRuntime:
                           x, self.micro_batch, self.manifest.num_classes)
 
     def open_inference(self, model_path: str | os.PathLike):
-        """A plain InferenceSession on an exported inference model, inside the cap: its
-        weights take bytes reserved for them up front (reserved_bytes). Kept open."""
+        """A plain InferenceSession on an exported inference model, kept open. It has no
+        memory pattern (_late_session_options): its weights are allocations inside the cap."""
         if self._infer is None or self._infer[0] != str(model_path):
             need = constant_bytes(Path(model_path).read_bytes())
             if need > self.inference_bytes:
@@ -260,8 +262,7 @@ class DeviceRuntime:
             self._infer = None
             try:
                 self._infer = (str(model_path), self._ort.InferenceSession(
-                    str(model_path), session_options(self._ort, self.threads,
-                                                     memory_pattern=False),
+                    str(model_path), self._late_session_options(),
                     providers=["CPUExecutionProvider"]))
             except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, "loading the inference model") from e

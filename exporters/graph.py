@@ -9,6 +9,7 @@ import onnx
 from edgetrain import names
 
 ALIAS_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "PassThrough"}
+CONV_OPS = ("Conv", "FusedConv")  # forward convolutions (FusedConv: ORT's Conv + activation)
 
 
 def load_graph(path: str) -> onnx.ModelProto:
@@ -109,7 +110,7 @@ def forward_conv_outputs(nodes) -> dict[tuple[str, str], str]:
     """(X, W) -> output of the forward Conv; a ConvGrad reads the same X and W, and its own
     output-gradient input may be unsized, so its output geometry comes from here."""
     return {(n.input[0], n.input[1]): n.output[0] for n in nodes
-            if n.op_type in ("Conv", "FusedConv")}
+            if n.op_type in CONV_OPS}
 
 
 def attributes(node) -> dict:

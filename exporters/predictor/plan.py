@@ -23,11 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporters.graph import drop_identities, execution_order
+from exporters.graph import ALIAS_OPS, drop_identities, execution_order
 from exporters.predictor.ortgraph import SymbolicShapes, node_arg_shapes, optimized_graph
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 
-ALIAS_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}  # output 0 = input 0
 INPLACE_OPS = {"Relu"}  # output 0 may overwrite input 0 (kernel's MayInplace), measured
 SHAPE_OPS = {"Shape", "Size"}
 PATTERN_ALIGN = 64  # kAllocAlignment

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgetrain.budget import arena_rounded
-from exporters.graph import attributes, drop_identities, forward_conv_outputs
+from exporters.graph import CONV_OPS, attributes, drop_identities, forward_conv_outputs
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import StepPlan
 from exporters.predictor.shapes import Shapes, runtime_shapes
@@ -26,7 +26,6 @@ from exporters.predictor.shapes import Shapes, runtime_shapes
 MLAS_CONV_BUFFER_FLOATS_PER_THREAD = 16384  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
 MLAS_SGEMM_THREAD_COMPLEXITY = 65536
 MLAS_MAXIMUM_THREAD_COUNT = 16
-CONV_OPS = ("Conv", "FusedConv")
 
 
 def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,

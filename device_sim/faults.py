@@ -9,9 +9,13 @@ runs, as a power cut):
     At "checkpoint-torn" the temporary checkpoint is first cut to half its bytes.
   * at a random moment from outside: run_until(cmd, delay_s) kills the child after a delay.
 "<point>:<n>:TERM" (or INT) sends SIGTERM (SIGINT) there instead: the OS asking the app to stop.
+"<point>:<n>:ENOSPC" (or EROFS, EIO, EACCES) makes the write at that point fail with that
+error instead: a full disk, a read-only folder. "file-written=<name>" counts only the atomic
+writes of files called <name> (e.g. "file-written=inference.onnx:1:ENOSPC").
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -22,6 +26,7 @@ from pathlib import Path
 from edgetrain.faultpoints import FAULT_POINTS, install_hook
 
 ENV = "EDGETRAIN_FAULT"
+IO_ERRORS = ("ENOSPC", "EROFS", "EIO", "EACCES")
 __all__ = ["ENV", "FAULT_POINTS", "install_from_env", "kill_at", "run_until", "RunOutcome"]
 
 
@@ -29,21 +34,26 @@ def kill_at(spec: str):
     """A fault hook that SIGKILLs this process at the n-th arrival at a point ("point:n"), or
     sends it another signal there ("point:n:TERM", "point:n:INT": the OS asking it to stop)."""
     point, _, rest = spec.partition(":")
+    point, _, only = point.partition("=")
     nth, _, signame = rest.partition(":")
+    error = getattr(errno, signame, None) if signame in IO_ERRORS else None
     sig = getattr(signal, f"SIG{signame}", None) if signame else signal.SIGKILL
-    if sig is None:
-        raise ValueError(f"{ENV}={spec!r} names no signal {signame!r}; use TERM or INT")
+    if sig is None and error is None:
+        raise ValueError(f"{ENV}={spec!r} names no signal or error {signame!r}; use TERM, INT "
+                         f"or one of {IO_ERRORS}")
     if point not in FAULT_POINTS:
         raise ValueError(f"{ENV}={spec!r} names no fault point; choose one of {FAULT_POINTS}")
     target, arrivals = int(nth or 1), 0
 
     def hook(name: str, path) -> None:
         nonlocal arrivals
-        if name != point:
+        if name != point or (only and (path is None or Path(path).name != only)):
             return
         arrivals += 1
         if arrivals != target:
             return
+        if error is not None:
+            raise OSError(error, os.strerror(error))
         if name == "checkpoint-torn" and path is not None:
             p = Path(path)
             with open(p, "rb+") as f:

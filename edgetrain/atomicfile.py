@@ -6,15 +6,46 @@
 The body writes a temporary file beside `path`; on leaving the block the temporary is flushed
 to disk (fsync), renamed over `path` (a rename is atomic) and the folder is fsynced so the
 rename itself survives a power cut. If the body raises, the temporary is deleted and `path`
-is untouched.
+is untouched. Any OSError on the way (disk full, read-only folder, I/O error) becomes a
+WriteError naming the file, the cause and the free space: the CLI's exit status 4.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from edgetrain.faultpoints import fault_point
+
+
+class WriteError(OSError):
+    """A file could not be written whole (disk full, read-only folder, I/O error); what was
+    saved before is unchanged."""
+
+    def __init__(self, path: Path, cause: BaseException, fix: str = "", what: str = ""):
+        free = free_bytes(Path(path).parent)
+        why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        if isinstance(cause, OSError) and cause.strerror:
+            why = cause.strerror
+        elif "error:" in why:  # ORT's message ends "... error:No space left on device errno:28"
+            why = why.rsplit("error:", 1)[1].split(" errno:")[0].strip()
+        super().__init__(
+            f"could not write {what}{path}: {why}"
+            + (f" ({free:,} bytes free on that disk)" if free is not None else "")
+            + ". Nothing already saved was changed. "
+            + (fix or "Free space on the disk (or make the folder writable), then run again "
+               "with --resume."))
+        self.path = Path(path)
+
+
+def free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def temporary_name(path: Path) -> Path:
@@ -29,13 +60,19 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
     tmp = temporary_name(path)
     try:
         yield tmp
+        fault_point("file-written", path)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        fsync_folder(path.parent)
+    except BaseException as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise WriteError(path, e) from e
         raise
-    fsync_folder(path.parent)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

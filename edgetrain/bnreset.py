@@ -19,6 +19,7 @@ import numpy as np
 
 from edgetrain import names
 from edgetrain.feed import Feed
+from edgetrain.shuffle import Shuffle
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.personalise import accuracy, evaluate
 from edgetrain import resume as resume_points
@@ -71,7 +72,7 @@ def _reset(artifact, train, test, out: Path, budget_bytes, samples: int, seed: i
     rt.set_micro_batch(b)
     rt.preflight(batchnorm_stats=True)  # a budget too small fails here
     feed = Feed(*train, rt.manifest)
-    chosen = np.sort(np.random.default_rng(seed).permutation(feed.num_samples)[:samples])
+    chosen = np.sort(Shuffle(feed.num_samples, seed)(np.arange(min(samples, feed.num_samples))))
     items = (chosen[:, None] * feed.per_sample + np.arange(feed.per_sample)).reshape(-1)
     full = len(items) // b  # whole micro-batches only: every estimate from b items
     if full == 0:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 ARENA_CHUNK_BYTES = 256  # BFCArena's kMinAllocationSize: every chunk is a multiple of this
 RUNTIME_SCALAR_CHUNKS = 3  # lazy_reset_grad (bool), learning_rate (float), step (int64)
 RUNTIME_SCALAR_BYTES = RUNTIME_SCALAR_CHUNKS * ARENA_CHUNK_BYTES
+MAX_BUDGET_BYTES = 1 << 48  # 256 TiB: more than any device has; ORT's limit is a size_t
 
 
 def arena_rounded(nbytes: int) -> int:
@@ -71,6 +72,10 @@ class BudgetSplit:
         if budget_bytes <= 0:
             raise BudgetError(f"budget must be a positive number of bytes, got {budget_bytes}; "
                               "pass e.g. --budget 16MB or --device NAME", budget_bytes, None)
+        if budget_bytes > MAX_BUDGET_BYTES:
+            raise BudgetError(f"budget of {budget_bytes} bytes is beyond any device (the most "
+                              f"edgetrain takes is {MAX_BUDGET_BYTES} bytes, 256 TiB); pass the "
+                              "device's RAM, e.g. --budget 16MB", budget_bytes, None)
         fixed = state_bytes + RUNTIME_SCALAR_BYTES
         if budget_bytes <= fixed + min_cap_bytes:
             raise BudgetError(

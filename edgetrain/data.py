@@ -20,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from edgetrain.samples import DataError, SampleArray, blocks, read_npz
+
+__all__ = ["DataError", "SampleArray", "check_xy", "load_npz"]  # and the functions below
+
 SAMPLE_RATE_HZ = 50
 WINDOW_SAMPLES = 200  # 4 s windows
 WINDOW_STRIDE = 100  # 2 s hop inside one recording
 IMAGE_SIZE = 224
 PERSONALISE_SIDE = 0  # the held-out user's recordings on this arm personalise...
 TEST_SIDE = 1  # ...and the other arm's recordings test (no window spans both sets)
-
-
-class DataError(ValueError):
-    """User data that the runtime cannot train on, with what is wrong and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -195,26 +195,16 @@ def to_patches(images: np.ndarray, patch: int) -> np.ndarray:
 
 
 def load_npz(path: str | os.PathLike, data_shape: tuple[int, ...], num_classes: int
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Read a user's `x`/`y` arrays and check them against the artifact's input spec."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "x" not in z or "y" not in z:
-                raise DataError(f"{path} must hold arrays named 'x' and 'y'; it holds "
-                                f"{sorted(z.files)}")
-            x, y = z["x"], z["y"]
-    except (OSError, ValueError) as e:
-        if isinstance(e, DataError):
-            raise
-        raise DataError(f"{path} is not a readable .npz file ({e})") from e
+             ) -> tuple[SampleArray, SampleArray]:
+    """A user's `x`/`y` arrays, read from disk as needed (edgetrain/samples.py) and checked
+    against the artifact's input spec."""
+    x, y = read_npz(path)
     return check_xy(x, y, data_shape, num_classes, where=str(path))
 
 
-def check_xy(x: np.ndarray, y: np.ndarray, data_shape: tuple[int, ...], num_classes: int,
-             where: str = "data") -> tuple[np.ndarray, np.ndarray]:
+def check_xy(x, y, data_shape: tuple[int, ...], num_classes: int, where: str = "data"):
+    """Check x [N, *data_shape] and y [N] against the artifact, a block at a time; returns
+    them as float32 and int64 (arrays converted, SampleArrays as they are: already so)."""
     want = tuple(int(d) for d in data_shape)
     if x.ndim != len(want) + 1 or tuple(x.shape[1:]) != want:
         raise DataError(f"{where}: x has shape {tuple(x.shape)}, the artifact expects "
@@ -223,23 +213,28 @@ def check_xy(x: np.ndarray, y: np.ndarray, data_shape: tuple[int, ...], num_clas
         raise DataError(f"{where}: x holds no samples; personalisation needs at least one")
     if not np.issubdtype(x.dtype, np.floating):
         raise DataError(f"{where}: x has dtype {x.dtype}, expected a float array")
-    if y.shape != (len(x),):
+    if tuple(y.shape) != (len(x),):
         raise DataError(f"{where}: y has shape {tuple(y.shape)}, expected ({len(x)},): "
                         "one label per sample of x")
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{where}: y has dtype {y.dtype}, expected integer class labels")
-    bad = ~np.isfinite(x)
-    if bad.any():
-        first = np.argwhere(bad)[0]
-        raise DataError(f"{where}: x holds {int(bad.sum())} NaN/Inf values (first at index "
-                        f"{tuple(int(i) for i in first)}); drop or repair those samples")
-    big = float(np.abs(x).max(initial=0.0))
-    if big > np.finfo(np.float32).max:  # finite here, infinite once cast for the runtime
-        raise DataError(f"{where}: x holds a value of magnitude {big:.3g}, beyond float32's "
-                        f"range ({np.finfo(np.float32).max:.3g}); the runtime trains in "
-                        "float32: scale or repair those samples")
-    out = (y < 0) | (y >= num_classes)
-    if out.any():
-        raise DataError(f"{where}: label {int(y[out][0])} is out of range; the artifact has "
-                        f"{num_classes} classes, labels must be 0..{num_classes - 1}")
-    return x.astype(np.float32), y.astype(np.int64)
+    for lo, block in blocks(x):
+        bad = ~np.isfinite(block)
+        if bad.any():
+            first = np.argwhere(bad)[0]
+            first[0] += lo
+            raise DataError(f"{where}: x holds NaN/Inf values (the first at index "
+                            f"{tuple(int(i) for i in first)}); drop or repair those samples")
+        big = float(np.abs(block).max(initial=0.0))
+        if big > np.finfo(np.float32).max:  # finite here, infinite once cast for the runtime
+            raise DataError(f"{where}: x holds a value of magnitude {big:.3g}, beyond "
+                            f"float32's range ({np.finfo(np.float32).max:.3g}); the runtime "
+                            "trains in float32: scale or repair those samples")
+    for _, block in blocks(y):
+        out = (block < 0) | (block >= num_classes)
+        if out.any():
+            raise DataError(f"{where}: label {int(block[out][0])} is out of range; the artifact "
+                            f"has {num_classes} classes, labels must be 0..{num_classes - 1}")
+    if isinstance(x, SampleArray):
+        return x, y
+    return np.asarray(x, np.float32), np.asarray(y, np.int64)

@@ -16,6 +16,8 @@ FAULT_POINTS = (
     "checkpoint-renamed",  # the checkpoint is in place; its state file is not written yet
     "state-tmp-written",  # the state file's temporary is written; not yet renamed
     "state-committed",  # the resume point is complete; older points not yet pruned
+    "file-written",  # any atomic write's temporary is written, not yet renamed; the hook
+    # receives the final path (edgetrain/atomicfile.py)
 )
 
 Hook = Callable[[str, "os.PathLike | None"], None]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.manifestcheck import check_dict, check_patching
 from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
 from edgetrain.specs import (IMU_CHANNELS, PREPROCESSES, ArtifactError, InputSpec, MaskSpec,
                              TensorSpec)
@@ -25,6 +26,7 @@ __all__ = ["SCHEMA_VERSION", "DEFAULT_THREADS", "IMU_CHANNELS", "PREPROCESSES", 
 SCHEMA_VERSION = 1
 # ORT intra-op threads of a plan that names none (artifacts from before the field existed).
 DEFAULT_THREADS = 2
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files and tensors: megabytes at the most
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Manifest:
             raise ArtifactError(
                 f"manifest schema_version is {version!r}, this runtime reads {SCHEMA_VERSION}; "
                 "re-export the artifact with this version of edgetrain")
+        check_dict(d, dataclasses.fields(Plan))  # every field's JSON type, before any use
         try:
             inp = dict(d["input"])
             inp["sample_shape"] = tuple(inp["sample_shape"])
@@ -102,11 +105,12 @@ class Manifest:
                                      m["values"], m["positions"]) for m in d.get("masks", [])),
                 dense_weights=dict(d.get("dense_weights", {})),
             )
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise ArtifactError(f"manifest is missing or has a malformed field: {e}; "
                                 "re-export the artifact") from e
 
     def __post_init__(self):
+        check_patching(self.input.sample_shape, self.input.image_shape, self.plan.patch_size)
         trainable = {t.name: t for t in self.trainable}
         frozen = {t.name: t for t in self.frozen}
         for m in self.masks:
@@ -175,10 +179,15 @@ def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {folder} is not an edgetrain artifact; "
                             "create one with `edgetrain export --out DIR`")
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ArtifactError(f"{path} is {size:,} bytes; a manifest is at most "
+                            f"{MAX_MANIFEST_BYTES:,}. The artifact is refused; re-export it")
     try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path} is not valid JSON ({e}); re-export the artifact") from e
+        d = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ArtifactError(f"{path} is not valid JSON ({str(e)[:200]}); re-export the "
+                            "artifact") from e
     m = Manifest.from_dict(d)
     missing = [r for r in REQUIRED_ROLES if r not in m.files]
     if missing:

@@ -6,9 +6,17 @@ Python, so the runtime rewrites its state through a checkpoint (edgetrain/ortche
 """
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
 import numpy as np
 
+from edgetrain.atomicfile import WriteError
 from edgetrain.masks import UPDATERS, MaskedLayer, mask_update
+from edgetrain.ort_device import training_api
 from edgetrain.ortcheckpoint import zero_moments
 
 
@@ -30,4 +38,48 @@ def update_masks(rt, method: str, fraction: float, batches: list,
     layers = {m.values: MaskedLayer(params[m.values].data, params[m.positions].data, m.numel,
                                     grads.get(m.weight)) for m in masks}
     return mask_update(layers, method, fraction, rng,
-                       lambda slots: rt.rewrite_state(lambda buf: zero_moments(buf, slots)))
+                       lambda slots: rewrite_state(rt, lambda buf: zero_moments(buf, slots)))
+
+
+def rewrite_state(rt, edit: Callable[[bytearray], None]) -> None:
+    """Save runtime rt's whole state (optimizer moments included) to a temporary checkpoint,
+    let edit(buffer) change its bytes in place, and load it back: the only way to reach the
+    optimizer state, as ORT exposes none to Python. Step count and learning rate carry on.
+
+    The temporary is an anonymous file (O_TMPFILE) in rt.scratch_dir (the run folder during a
+    personalisation; else the system temporary folder), reached by ORT through /proc/self/fd:
+    it has no name, so a kill at any moment leaves nothing behind. A full or read-only folder
+    raises WriteError (the CLI's exit 4); the runtime's state is then as it was."""
+    folder = rt.scratch_dir or tempfile.gettempdir()
+    try:
+        fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+        path, named = f"/proc/self/fd/{fd}", None
+    except (OSError, AttributeError):  # no O_TMPFILE here: a named file, removed below
+        try:
+            fd, path = tempfile.mkstemp(prefix=".edgetrain-state-", dir=folder)
+        except OSError as e:
+            raise WriteError(Path(folder) / "(temporary checkpoint)", e, _FIX) from e
+        named = path
+    try:
+        try:
+            training_api().CheckpointState.save_checkpoint(rt.state, path,
+                                                        include_optimizer_state=True)
+            size = os.fstat(fd).st_size
+            if size < rt.min_checkpoint_bytes:  # ORT does not always report a full disk
+                raise OSError(errno.ENOSPC, f"only {size} of at least "
+                              f"{rt.min_checkpoint_bytes} bytes reached the disk")
+            buf = bytearray(os.pread(fd, size, 0))
+            edit(buf)
+            if os.pwrite(fd, bytes(buf), 0) != len(buf):
+                raise OSError(errno.EIO, "the edited checkpoint was not written whole")
+        except (OSError, RuntimeError) as e:
+            raise WriteError(Path(folder) / "(temporary checkpoint)", e, _FIX) from e
+        rt.load_checkpoint(path)
+    finally:
+        os.close(fd)
+        if named:
+            os.unlink(named)
+
+
+_FIX = ("A mask update rewrites the training state through a temporary file there: free "
+        "space (or point TMPDIR at a writable disk), then run again with --resume.")

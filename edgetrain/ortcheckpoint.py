@@ -10,16 +10,18 @@ in-place write that changes no size or offset.
 from __future__ import annotations
 
 import errno
-import shutil
+import mmap
 from pathlib import Path
 
 import numpy as np
 
-from edgetrain.atomicfile import atomic_write
+from edgetrain.atomicfile import WriteError, atomic_write
 from edgetrain.faultpoints import fault_point
 from edgetrain.ort_device import onnxruntime
+from edgetrain.specs import ArtifactError
 
 _FLOAT = 1  # onnx TensorProto.FLOAT, as the checkpoint records data types
+TENSOR_OVERHEAD_BYTES = 4096  # per tensor record: name, dims, table (generous)
 
 
 def _checkpoint(buf: bytearray):
@@ -76,26 +78,73 @@ def optimizer_step_count(buf: bytes | bytearray) -> int:
     return int(ckpt.OptimizerGroups(0).Step())
 
 
-class CheckpointWriteError(OSError):
+def max_checkpoint_bytes(trainable, frozen) -> int:
+    """The most a checkpoint of these TensorSpecs can hold: every tensor, two AdamW moments per
+    trainable one, and a record each. A larger file carries something else (properties, extra
+    tensors) that would load outside the memory cap."""
+    nbytes = 3 * sum(t.nbytes for t in trainable) + sum(t.nbytes for t in frozen)
+    return nbytes + TENSOR_OVERHEAD_BYTES * (3 * len(trainable) + len(frozen) + 4)
+
+
+def check_checkpoint(path: Path, trainable, frozen) -> str | None:
+    """Why the checkpoint at `path` is not one of these tensors (None if it is): too large,
+    properties (ORT loads them outside any cap), external data, tensors the manifest does not
+    list, or a tensor or moment of another size. Reads only the structure (mmap)."""
+    size, most = Path(path).stat().st_size, max_checkpoint_bytes(trainable, frozen)
+    if size > most:
+        return f"it is {size:,} bytes, more than its tensors can take ({most:,})"
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        try:
+            return _structure_problem(_checkpoint(buf), trainable, frozen)
+        except (IndexError, ValueError, TypeError, UnicodeDecodeError) as e:  # damaged buffer
+            return f"its structure is unreadable ({type(e).__name__})"
+
+
+def refuse_odd_checkpoint(path, manifest, what: str) -> None:
+    """Before ORT reads a checkpoint: ArtifactError unless it holds the manifest's tensors
+    and nothing else (check_checkpoint)."""
+    why = check_checkpoint(Path(path), manifest.trainable, manifest.frozen)
+    if why:
+        raise ArtifactError(f"{what} is refused: {why}. It belongs to another artifact or was "
+                            "altered; re-export, or resume from another point")
+
+
+def _structure_problem(ckpt, trainable, frozen) -> str | None:
+    bag = ckpt.PropertyBag()
+    if bag is not None and bag.IntsLength() + bag.FloatsLength() + bag.StringsLength():
+        return "it carries properties (ORT would load them outside the memory cap)"
+    state = ckpt.ModuleState()
+    if state is None or state.HasExternalData():
+        return "its tensors are missing or kept in an external file"
+    want = {t.name: t.nbytes for t in trainable}
+    for group, count, get in ((want, state.RequiresGradParamsLength(), state.RequiresGradParams),
+                              ({t.name: t.nbytes for t in frozen}, state.FrozenParamsLength(),
+                               state.FrozenParams)):
+        got = {get(i).Name().decode(): get(i).RawDataLength() for i in range(count)}
+        if got != group:
+            extra = sorted(set(got) - set(group)) or sorted(n for n in got if got[n] != group.get(n))
+            return f"its tensors differ from the manifest's (e.g. {(extra or sorted(group))[:3]})"
+    if ckpt.OptimizerGroupsLength() > 1:
+        return "it holds more than one optimizer group"
+    for g in range(ckpt.OptimizerGroupsLength()):
+        opt = ckpt.OptimizerGroups(g)
+        for i in range(opt.OptimizerStatesLength()):
+            st = opt.OptimizerStates(i)
+            name = st.ParamName().decode()
+            if name not in want or st.MomentumsLength() > 2 or any(
+                    st.Momentums(j).RawDataLength() != want[name]
+                    for j in range(st.MomentumsLength())):
+                return f"its optimizer state for {name!r} does not fit the manifest's tensors"
+    return None
+
+
+class CheckpointWriteError(WriteError):
     """A checkpoint could not be written whole (disk full, file too large, I/O error)."""
 
     def __init__(self, path: Path, cause: BaseException):
-        free = free_bytes(path.parent)
-        why = str(cause).splitlines()[0]
-        if "error:" in why:  # ORT's message ends "... error:No space left on device errno:28"
-            why = why.rsplit("error:", 1)[1].strip()
-        super().__init__(
-            f"could not write checkpoint {path}: {why}"
-            + (f" ({free:,} bytes free on that disk)" if free is not None else "")
-            + ". Nothing already saved was changed: the previous checkpoint and resume point "
-            "are intact. Free space on the disk, then run again with --resume.")
-
-
-def free_bytes(folder: Path) -> int | None:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
+        super().__init__(path, cause, "The previous checkpoint and resume point are intact. "
+                         "Free space on the disk, then run again with --resume.",
+                         what="checkpoint ")
 
 
 def save_state(api, state, path: Path, min_bytes: int) -> Path:

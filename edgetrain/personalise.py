@@ -31,6 +31,7 @@ from edgetrain.faultpoints import fault_point
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.masks import UPDATERS, MaskSchedule
 from edgetrain.runtime import DeviceRuntime
+from edgetrain.shuffle import Shuffle
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,14 @@ class PersonaliseResult:
         return asdict(self)
 
 
-def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
-    return float((logits.argmax(-1) == y).mean())
+def accuracy(logits: np.ndarray, y) -> float:
+    """y: labels as an array or a SampleArray (edgetrain/samples.py)."""
+    return float((logits.argmax(-1) == np.asarray(y[:])).mean())
 
 
 def evaluate(logits_fn, feed: Feed, batch: int) -> np.ndarray:
     """Per-sample logits (patch logits averaged per sample); inputs made a batch at a time."""
-    items = np.arange(len(feed))
-    logits = np.concatenate([logits_fn(feed.inputs(items[i:i + batch]))
-                             for i in range(0, len(items), batch)])
-    return feed.sample_logits(logits)
+    return feed.sample_logits(logits_fn, batch)
 
 
 def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
@@ -189,25 +188,26 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
                          "is dense: export it with --density below 1")
     if point is not None:
         rt.load_checkpoint(point_ckpt)
-    # A budget too small fails here, before anything is read or written.
-    rt.preflight(mask_gradients=schedule is not None and UPDATERS[schedule.method].needs_dense_grad)
-    out.mkdir(parents=True, exist_ok=True)
-    resume_points.clean_temporaries(out)
-
     feed = Feed(*train, m)
     test_feed = Feed(*test, m) if test is not None else None
-    if point is not None:
-        before = point.accuracy_before
-    else:
-        before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
-
-    rng = np.random.default_rng(config.seed)
     per_step = b * k
     steps_per_epoch = len(feed) // per_step
     if config.epochs > 0 and steps_per_epoch == 0:
         raise ValueError(f"the data gives {len(feed)} training items, fewer than one optimizer "
                          f"step needs (micro-batch {b} x {k} accumulation steps); use a smaller "
                          "--micro-batch or --accumulate, or supply more samples")
+    # A budget too small fails here, before anything is read or written.
+    rt.preflight(mask_gradients=schedule is not None and UPDATERS[schedule.method].needs_dense_grad)
+    out.mkdir(parents=True, exist_ok=True)
+    resume_points.clean_temporaries(out)
+    rt.scratch_dir = str(out)  # mask updates' temporary state: nameless, in the run folder
+
+    if point is not None:
+        before = point.accuracy_before
+    else:
+        before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
+
+    rng = np.random.default_rng(config.seed)
     total = config.epochs * steps_per_epoch
     steps = mask_updates = regrown = start_epoch = start_step = 0
     mask_rng = np.random.default_rng([config.seed, 1])
@@ -231,10 +231,11 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
     t0 = time.perf_counter()
     for epoch in range(start_epoch, config.epochs):
         epoch_rng_state = rng.bit_generator.state
-        order = rng.permutation(len(feed))[:steps_per_epoch * per_step]
+        order = Shuffle(len(feed), int(rng.integers(2**63)))  # the epoch's order, computed
+        at = lambda i: order(np.arange(i * b, (i + 1) * b))  # noqa: E731  # micro-batch i
         for s in range(start_step if epoch == start_epoch else 0, steps_per_epoch):
             for j in range(k):
-                idx = order[(s * k + j) * b:(s * k + j + 1) * b]
+                idx = at(s * k + j)
                 loss = rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
                 if not math.isfinite(loss):  # before the step that would spread it
                     raise TrainingDiverged(
@@ -246,7 +247,7 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
             fault_point("step")
             fraction = schedule.fraction_at(steps, total) if schedule else 0.0
             if fraction > 0:  # RigL scores by the gradient on this step's micro-batches
-                idx = [order[(s * k + j) * b:(s * k + j + 1) * b] for j in range(k)]
+                idx = [at(s * k + j) for j in range(k)]
                 batches = ([(feed.inputs(i), feed.labels(i)) for i in idx]
                            if UPDATERS[schedule.method].needs_dense_grad else [])
                 regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)

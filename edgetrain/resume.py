@@ -25,9 +25,10 @@ import numpy as np
 from edgetrain.faultpoints import fault_point
 from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import MANIFEST_NAME, sha256_file
+from edgetrain.samples import blocks
 
 RESUME_DIR = "resume"
-SCHEMA = 1
+SCHEMA = 2  # 2: the data order is edgetrain/shuffle.py's
 KEEP = 2  # resume points kept on disk
 _STATE = re.compile(r"^state-(\d{8})\.json$")
 
@@ -65,9 +66,10 @@ def artifact_sha256(artifact: str | os.PathLike) -> str:
 def run_fingerprint(config: dict, x: np.ndarray, y: np.ndarray) -> str:
     """Hash of what determines a run besides the artifact: config and data, byte for byte."""
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    for a in (np.ascontiguousarray(x), np.ascontiguousarray(y)):
-        h.update(str((a.dtype, a.shape)).encode())
-        h.update(a.tobytes())
+    for a in (x, y):  # arrays or SampleArrays, hashed a block at a time
+        h.update(str((np.dtype(a.dtype), tuple(a.shape))).encode())
+        for _, block in blocks(a):
+            h.update(np.ascontiguousarray(block).tobytes())
     return h.hexdigest()
 
 

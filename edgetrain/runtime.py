@@ -10,21 +10,19 @@ edgetrain/ortcheckpoint.py.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from edgetrain import names
-from edgetrain.atomicfile import atomic_write
+from edgetrain.atomicfile import WriteError, atomic_write
 from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, state_bytes_of
 from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
 from edgetrain.onnxscan import constant_bytes
 from edgetrain.ort_device import onnxruntime, training_api
-from edgetrain.ortcheckpoint import CheckpointWriteError, save_state
+from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
 from edgetrain.sidegraphs import SideGraphs
 
@@ -66,11 +64,13 @@ class DeviceRuntime:
         self.threads = runtime_threads(m, threads)
         self._files = {role: str(self.folder / e.path) for role, e in m.files.items()}
         # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
-        self._min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
+        self.min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
+        refuse_odd_checkpoint(self._files[names.CHECKPOINT], m, "the artifact's checkpoint")
         self._load(self._files[names.CHECKPOINT], on_phase)
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
+        self.scratch_dir: str | None = None  # where mask updates rewrite the state (maskupdate)
         self.side = SideGraphs(self._ort, self._files, m, self._late_session_options,
                                lambda: self.state.parameters, self._translate)
 
@@ -106,6 +106,7 @@ class DeviceRuntime:
         """Continue from a checkpoint this artifact's runtime saved (a resume point). Refuses a
         checkpoint of another artifact or an unreadable one; the learning rate carries on."""
         lr = self.optimizer.get_learning_rate()
+        refuse_odd_checkpoint(path, self.manifest, f"checkpoint {path}")
         try:
             self._load(str(path))
         except ArtifactError:
@@ -116,25 +117,6 @@ class DeviceRuntime:
             raise ArtifactError(f"checkpoint {path} is unreadable ({str(e).splitlines()[0]}); "
                                 "resume from an earlier point or start again") from e
         self.optimizer.set_learning_rate(lr)
-        trim_heap()
-
-    def rewrite_state(self, edit: Callable[[bytearray], None]) -> None:
-        """Save the whole state (optimizer moments included) to a temporary checkpoint, let
-        edit(buffer) change its bytes in place, and load it back. The only way to reach the
-        optimizer state: ORT exposes none to Python. Step count and learning rate carry on."""
-        fd, tmp = tempfile.mkstemp(prefix="edgetrain-state-")
-        os.close(fd)
-        try:
-            training_api().CheckpointState.save_checkpoint(self.state, tmp,
-                                                        include_optimizer_state=True)
-            buf = bytearray(Path(tmp).read_bytes())
-            edit(buf)
-            Path(tmp).write_bytes(buf)
-            lr = self.optimizer.get_learning_rate()
-            self._load(tmp)
-            self.optimizer.set_learning_rate(lr)
-        finally:
-            os.unlink(tmp)
         trim_heap()
 
     # ---- checks ------------------------------------------------------------------------------
@@ -159,9 +141,19 @@ class DeviceRuntime:
         return e
 
     def set_micro_batch(self, b: int) -> None:
-        if b <= 0:
-            raise ValueError(f"micro-batch must be a positive number of samples, got {b}")
-        self.micro_batch = b
+        """Samples per forward call. Its inputs, and the one whole sample they are cut from,
+        live outside the cap (numpy arrays ORT reads in place): more than the budget is refused."""
+        if not isinstance(b, (int, np.integer)) or b <= 0:
+            raise ValueError(f"micro-batch must be a positive number of samples, got {b!r}")
+        inp = self.manifest.input
+        outside = (int(b) * int(np.prod(inp.sample_shape, dtype=object))
+                   + int(np.prod(inp.image_shape, dtype=object))) * 4
+        if self.split is not None and outside > self.split.budget_bytes:
+            raise BudgetError(f"a micro-batch of {b} samples is {outside:,} bytes of inputs "
+                              f"alone, more than the whole budget ({self.split.budget_bytes:,}"
+                              " bytes); use a smaller --micro-batch", self.split.budget_bytes,
+                              None)
+        self.micro_batch = int(b)
 
     # ---- training ----------------------------------------------------------------------------
     def _run(self, x: np.ndarray, y: np.ndarray, what: str):
@@ -280,12 +272,15 @@ class DeviceRuntime:
     # ---- persistence -------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
         """Write parameters and optimizer state atomically: a crash leaves the old file."""
-        return save_state(training_api(), self.state, Path(path), self._min_checkpoint_bytes)
+        return save_state(training_api(), self.state, Path(path), self.min_checkpoint_bytes)
 
     def export_inference(self, path: str | os.PathLike) -> Path:
         """Write an inference-only ONNX model (input -> logits) with the current weights."""
         with atomic_write(path) as tmp:
-            self.module.export_model_for_inferencing(str(tmp), [names.LOGITS_NAME])
+            try:
+                self.module.export_model_for_inferencing(str(tmp), [names.LOGITS_NAME])
+            except RuntimeError as e:  # ORT reports a failed write as a RuntimeError
+                raise WriteError(Path(path), e, what="inference model ") from e
         return Path(path)
 
     def release_training(self) -> None:

@@ -67,7 +67,7 @@ def test_load_npz_names_missing_arrays(tmp_path):
     with pytest.raises(data.DataError, match="named 'x' and 'y'"):
         data.load_npz(tmp_path / "d.npz", (3,), 2)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(data.DataError, match="not a readable"):
+    with pytest.raises(data.DataError, match="not a .npz archive"):
         data.load_npz(tmp_path / "junk.npz", (3,), 2)
 
 

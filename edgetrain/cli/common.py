@@ -4,33 +4,40 @@ budget options, exit statuses, errors printed without a traceback, progress bars
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import click
 
 from device_sim.layout import reexec_with_fixed_layout
 from device_sim.profiles import PROFILES, get_profile
-from edgetrain.budget import BudgetError
+from edgetrain.atomicfile import WriteError
+from edgetrain.budget import MAX_BUDGET_BYTES, BudgetError
 from edgetrain.manifest import ArtifactError
-from edgetrain.ortcheckpoint import CheckpointWriteError
 from edgetrain.personalise import Interrupted, TrainingDiverged
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
 EXIT_DISK = 4  # a checkpoint could not be written (disk full, I/O error)
 EXIT_DIVERGED = 5  # training diverged (NaN/Inf loss); the last good resume point is kept
+EXIT_INTERNAL = 1  # a fault of edgetrain itself: a one-line report (EDGETRAIN_DEBUG=1: traceback)
 UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 
 def parse_bytes(text: str) -> int:
-    """'8692224', '15MB' (10^6), '15MiB' (2^20), '1.5GiB' -> bytes."""
-    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    """'8692224', '15MB' (10^6), '15MiB' (2^20), '1.5GiB' -> bytes (exact: no float rounding)."""
+    m = re.fullmatch(r"\s*(-?\d{1,30}(?:\.\d{1,30})?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in UNITS:
         raise click.BadParameter(f"{text!r} is not a byte size; write e.g. 8692224, 15MB or 16MiB")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    n = int(Fraction(m.group(1)) * UNITS[m.group(2).lower()])
+    if n > MAX_BUDGET_BYTES:
+        raise click.BadParameter(f"{text!r} is {n:.3g} bytes, beyond any device (at most "
+                                 f"{MAX_BUDGET_BYTES} bytes, 256 TiB); write e.g. 16MB")
+    return n
 
 
 class Bytes(click.ParamType):
@@ -83,7 +90,7 @@ def exit_on_device_errors():
         yield
     except BudgetError as e:
         fail(str(e), EXIT_BUDGET)
-    except CheckpointWriteError as e:
+    except WriteError as e:  # checkpoints, resume points, results, temporaries
         fail(str(e), EXIT_DISK)
     except TrainingDiverged as e:
         fail(str(e), EXIT_DIVERGED)
@@ -91,6 +98,20 @@ def exit_on_device_errors():
         fail(str(e), 128 + e.signum)
     except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors
         fail(str(e), EXIT_BAD_INPUT)
+    except RecursionError as e:
+        fail(f"input nested too deeply to read ({e}); nothing was changed", EXIT_BAD_INPUT)
+    except MemoryError as e:
+        fail(f"this machine could not allocate the memory asked for ({e or 'MemoryError'}): "
+             "use a smaller --micro-batch or --batch; nothing saved was changed", EXIT_BUDGET)
+    except OSError as e:  # a read or write the steps above did not expect
+        fail(f"I/O error: {e}; nothing already saved was changed. Check the disk and the "
+             "paths given, then run again (with --resume if a run had started)", EXIT_DISK)
+    except Exception as e:
+        if os.environ.get("EDGETRAIN_DEBUG"):
+            raise
+        fail(f"internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+             "; nothing already saved was changed. Please report it with the command line; "
+             "EDGETRAIN_DEBUG=1 prints the traceback", EXIT_INTERNAL)
 
 
 def mib(n: int | None) -> str:

@@ -16,6 +16,7 @@ FAULT_POINTS = (
     "checkpoint-renamed",  # the checkpoint is in place; its state file is not written yet
     "state-tmp-written",  # the state file's temporary is written; not yet renamed
     "state-committed",  # the resume point is complete; older points not yet pruned
+    "state-rewritten",  # a mask update's temporary state is written, not yet read back
     "file-written",  # any atomic write's temporary is written, not yet renamed; the hook
     # receives the final path (edgetrain/atomicfile.py)
 )

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from edgetrain.atomicfile import WriteError
+from edgetrain.faultpoints import fault_point
 from edgetrain.masks import UPDATERS, MaskedLayer, mask_update
 from edgetrain.ort_device import training_api
 from edgetrain.ortcheckpoint import zero_moments
@@ -68,6 +69,7 @@ def rewrite_state(rt, edit: Callable[[bytearray], None]) -> None:
             if size < rt.min_checkpoint_bytes:  # ORT does not always report a full disk
                 raise OSError(errno.ENOSPC, f"only {size} of at least "
                               f"{rt.min_checkpoint_bytes} bytes reached the disk")
+            fault_point("state-rewritten")
             buf = bytearray(os.pread(fd, size, 0))
             edit(buf)
             if os.pwrite(fd, bytes(buf), 0) != len(buf):

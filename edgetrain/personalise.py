@@ -91,6 +91,8 @@ class PersonaliseResult:
     mask_updates: int = 0
     regrown_weights: int = 0  # summed over all updates and layers
     resumed_from_step: int | None = None  # the resume point this process started from
+    # --resume found only damaged resume points: kept in this folder, the run started again
+    damaged_resume_points_moved_to: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,12 +157,17 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
     uninterrupted run ends with.
     """
     out = Path(out)
-    fingerprint = resume_points.run_fingerprint(config.fingerprint(), *train)
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
-    point = None
+    fingerprint = resume_points.run_fingerprint({**config.fingerprint(), "threads": rt.threads},
+                                                *train, test)
+    point = set_aside = None
     if resume and resume_points.has_progress(out):  # else there is nothing yet: start fresh
-        point, point_ckpt, _skipped = resume_points.latest(out)
+        try:
+            point, point_ckpt, _skipped = resume_points.latest(out)
+        except resume_points.NoIntactPoint:  # kept aside, not lost; the run starts again
+            set_aside = str(resume_points.set_aside_damaged(out))
+    if point is not None:
         if point.artifact_manifest_sha256 != resume_points.artifact_sha256(artifact):
             raise resume_points.ResumeError(
                 f"{out} was trained from another artifact (manifest sha256 "
@@ -170,9 +177,10 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
         if point.run_sha256 != fingerprint:
             raise resume_points.ResumeError(
                 f"{out} was started with other settings or other data; resume with the same "
-                "user data and options (epochs, micro-batch, accumulation, seed, learning rate, "
-                "mask schedule), or start a new run in another --out folder")
-    elif resume_points.has_progress(out):
+                "user data, test data and options (epochs, micro-batch, accumulation, seed, "
+                "learning rate, mask schedule, threads), or start a new run in another --out "
+                "folder")
+    elif not resume and resume_points.has_progress(out):
         raise resume_points.ResumeError(
             f"{out} already holds the progress of a personalisation run; pass --resume to "
             "continue it, or choose another --out folder (nothing was changed)")
@@ -279,6 +287,7 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
         inference_agreement=agreement, checkpoint=str(ckpt), inference_model=str(infer_path),
         train_time_s=round(train_time, 3), torch_loaded=sys.modules.get("torch") is not None,
         mask_method=schedule.method if schedule else None, mask_updates=mask_updates,
-        regrown_weights=regrown, resumed_from_step=point.steps if point else None)
+        regrown_weights=regrown, resumed_from_step=point.steps if point else None,
+        damaged_resume_points_moved_to=set_aside)
     atomic_write_bytes(out / names.RUN_RESULT, json.dumps(result.to_dict(), indent=2).encode())
     return result

@@ -37,6 +37,10 @@ class ResumeError(ValueError):
     """A run folder cannot be resumed (none, another artifact or data, unreadable)."""
 
 
+class NoIntactPoint(ResumeError):
+    """Resume points exist, but every one is damaged."""
+
+
 @dataclass(frozen=True)
 class ResumeState:
     schema: int
@@ -63,10 +67,11 @@ def artifact_sha256(artifact: str | os.PathLike) -> str:
     return sha256_file(Path(artifact) / MANIFEST_NAME)
 
 
-def run_fingerprint(config: dict, x: np.ndarray, y: np.ndarray) -> str:
-    """Hash of what determines a run besides the artifact: config and data, byte for byte."""
+def run_fingerprint(config: dict, x, y, test: tuple | None = None) -> str:
+    """Hash of what determines a run besides the artifact: config (with the thread count, which
+    changes ORT's sums), training data and test data, byte for byte."""
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    for a in (x, y):  # arrays or SampleArrays, hashed a block at a time
+    for a in (x, y, *(test or ())):  # arrays or SampleArrays, hashed a block at a time
         h.update(str((np.dtype(a.dtype), tuple(a.shape))).encode())
         for _, block in blocks(a):
             h.update(np.ascontiguousarray(block).tobytes())
@@ -108,14 +113,30 @@ def _prune(d: Path) -> None:
 
 
 def clean_temporaries(run: str | os.PathLike) -> list[str]:
-    """Delete half-written temporary files a killed run left behind; returns their names."""
-    d = Path(run) / RESUME_DIR
-    if not d.is_dir():
-        return []
-    gone = [p.name for p in d.iterdir() if ".tmp-" in p.name]
-    for name in gone:
-        (d / name).unlink(missing_ok=True)
+    """Delete half-written temporary files a killed run left behind (atomicfile's
+    `.<name>.tmp-<pid>-<thread>`, in the run folder and in resume/); returns their names.
+    Called with the run folder's lock held, so no live writer owns them."""
+    gone = []
+    for d in (Path(run), Path(run) / RESUME_DIR):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.name.startswith(".") and ".tmp-" in p.name and p.is_file():
+                    p.unlink(missing_ok=True)
+                    gone.append(p.name)
     return gone
+
+
+def set_aside_damaged(run: str | os.PathLike) -> Path:
+    """Move every resume point of a folder where none is intact into resume/damaged-<n>/
+    (kept, never deleted), so the run can start again; returns that folder."""
+    d = Path(run) / RESUME_DIR
+    n = 1 + sum(1 for p in d.iterdir() if p.name.startswith("damaged-"))
+    aside = d / f"damaged-{n}"
+    aside.mkdir()
+    for p in d.iterdir():
+        if p.is_file() or p.is_symlink():
+            p.rename(aside / p.name)
+    return aside
 
 
 def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
@@ -150,5 +171,5 @@ def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
             skipped.append(f"{name}: {rs.checkpoint} does not match its sha256")
         else:
             return rs, ckpt, skipped
-    raise ResumeError(f"no intact resume point in {d} ({'; '.join(skipped) or 'none written'}); "
-                      "start the run again without --resume")
+    raise NoIntactPoint(f"no intact resume point in {d} "
+                        f"({'; '.join(skipped) or 'none written'})")

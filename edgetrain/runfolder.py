@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from edgetrain import names
@@ -48,6 +49,24 @@ def refuse_finished(out: str | os.PathLike, what: str) -> None:
                              "was changed")
 
 
+def _holder(fd: int) -> str:
+    """The process id the lock file names, once it names a live process: the holder writes
+    it just after taking the lock, so a run refused in that instant waits a moment for it."""
+    text = ""
+    for _ in range(50):
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit():
+            try:
+                os.kill(int(text), 0)
+                return text
+            except ProcessLookupError:  # a killed holder's id, about to be replaced
+                pass
+            except PermissionError:  # alive, another user's
+                return text
+        time.sleep(0.02)
+    return text or "unknown"
+
+
 class RunLock:
     """`with RunLock(out):` holds the run folder for this process (see the module docstring)."""
 
@@ -67,7 +86,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise RunFolderError(f"cannot lock --out {self.out}: {e.strerror}") from e

@@ -113,6 +113,8 @@ def read_npz(path: str | os.PathLike, names=("x", "y")) -> list[SampleArray]:
     with open(path, "rb") as f:
         magic = f.read(6)
     if not zipfile.is_zipfile(path):
+        if magic.startswith(b"PK"):
+            raise DataError(f"{path} is a truncated or damaged .npz archive; save it again")
         hint = (" (it is a single .npy array: save x and y together with np.savez)"
                 if magic == b"\x93NUMPY" else "")
         raise DataError(f"{path} is not a .npz archive{hint}")

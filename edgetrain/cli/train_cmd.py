@@ -91,6 +91,9 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
     if r.resumed_from_step is not None:
         click.echo(f"resumed from the resume point after step {r.resumed_from_step}")
+    if r.damaged_resume_points_moved_to:
+        click.echo(f"no resume point was intact: they are kept in "
+                   f"{r.damaged_resume_points_moved_to}, and the run started again")
     click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
                f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
     if r.accuracy_before is not None:

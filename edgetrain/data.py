@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetrain.samples import DataError, SampleArray, blocks, read_npz
+from edgetrain.samples import DataError, SampleArray, blocks, read_npz, refuse_beyond_float32
 
 __all__ = ["DataError", "SampleArray", "check_xy", "load_npz"]  # and the functions below
 
@@ -225,11 +225,7 @@ def check_xy(x, y, data_shape: tuple[int, ...], num_classes: int, where: str = "
             first[0] += lo
             raise DataError(f"{where}: x holds NaN/Inf values (the first at index "
                             f"{tuple(int(i) for i in first)}); drop or repair those samples")
-        big = float(np.abs(block).max(initial=0.0))
-        if big > np.finfo(np.float32).max:  # finite here, infinite once cast for the runtime
-            raise DataError(f"{where}: x holds a value of magnitude {big:.3g}, beyond "
-                            f"float32's range ({np.finfo(np.float32).max:.3g}); the runtime "
-                            "trains in float32: scale or repair those samples")
+        refuse_beyond_float32(block, f"{where}: x")
     for _, block in blocks(y):
         out = (block < 0) | (block >= num_classes)
         if out.any():

@@ -49,8 +49,7 @@ def shape(value, field: str, positive: bool = True) -> tuple[int, ...]:
 def check_dict(d: dict, plan_fields) -> None:
     """Refuse a manifest dict (json.loads of manifest.json) with a field of the wrong type."""
     expect(d, dict, "(the whole manifest)")
-    for key in ("model",):
-        expect(d.get(key), str, key)
+    expect(d.get("model"), str, "model")
     files = expect(d.get("files"), dict, "files")
     for role, f in files.items():
         expect(f, dict, f"files.{role}")

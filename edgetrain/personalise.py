@@ -240,7 +240,9 @@ def _personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarra
     for epoch in range(start_epoch, config.epochs):
         epoch_rng_state = rng.bit_generator.state
         order = Shuffle(len(feed), int(rng.integers(2**63)))  # the epoch's order, computed
-        at = lambda i: order(np.arange(i * b, (i + 1) * b))  # noqa: E731  # micro-batch i
+
+        def at(i: int) -> np.ndarray:  # the items of the epoch's micro-batch i
+            return order(np.arange(i * b, (i + 1) * b))
         for s in range(start_step if epoch == start_epoch else 0, steps_per_epoch):
             for j in range(k):
                 idx = at(s * k + j)

@@ -189,16 +189,16 @@ def _spool(zf, info, shape, dtype, header, target, where) -> SampleArray:
                 raise DataError(f"{where} ended early: truncated or corrupt; save it again")
             values = np.frombuffer(raw, dtype)
             if target.kind == "f" and dtype.itemsize > target.itemsize:
-                _refuse_beyond_float32(values, where)
+                refuse_beyond_float32(values, where)
             f.write(values.astype(target).tobytes())
         s.read()  # to the end: zipfile checks the CRC-32 there
     f.flush()
     return SampleArray(f, 0, shape, target, where)
 
 
-def _refuse_beyond_float32(values: np.ndarray, where: str) -> None:
-    finite = values[np.isfinite(values)]
-    big = float(np.abs(finite).max(initial=0.0))
+def refuse_beyond_float32(values: np.ndarray, where: str) -> None:
+    """DataError if a finite value would become infinite once cast to float32."""
+    big = float(np.abs(values[np.isfinite(values)]).max(initial=0.0))
     if big > np.finfo(np.float32).max:  # finite here, infinite once cast for the runtime
         raise DataError(f"{where} holds a value of magnitude {big:.3g}, beyond float32's "
                         f"range ({np.finfo(np.float32).max:.3g}); the runtime trains in "

@@ -126,7 +126,8 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                 e = json.loads(err.read_text())
                 if e["kind"] == "BudgetError":
                     raise BudgetError(e["message"], e["budget_bytes"], e["needed_bytes"])
-                raise RuntimeError(e["message"])
+                raise {"MemoryError": MemoryError, "ValueError": ValueError}.get(
+                    e["kind"], RuntimeError)(e["message"])
             tail = "\n".join(text.splitlines()[-5:])
             raise RuntimeError(f"measurement process failed (exit {proc.returncode}):\n{tail}")
         probe = json.loads(result_path.read_text())
@@ -210,9 +211,10 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
             {"kind": "BudgetError", "message": str(e), "budget_bytes": e.budget_bytes,
              "needed_bytes": e.needed_bytes}))
         sys.exit(3)
-    except Exception as e:  # reported to the parent, which re-raises it
-        Path(tmp, "error.json").write_text(json.dumps({"kind": type(e).__name__,
-                                                       "message": str(e)}))
+    except Exception as e:  # reported to the parent, which re-raises it as its kind
+        kind = ("MemoryError" if isinstance(e, MemoryError) else
+                "ValueError" if isinstance(e, ValueError) else type(e).__name__)
+        Path(tmp, "error.json").write_text(json.dumps({"kind": kind, "message": str(e)}))
         sys.exit(4)
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({

@@ -5,9 +5,8 @@ import json
 
 import click
 
-from edgetrain.cli.common import (EXIT_BAD_INPUT, budget_option, device_option, fail, json_option,
+from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)
-from edgetrain.data import DataError
 from edgetrain.manifest import DEFAULT_THREADS
 
 
@@ -61,7 +60,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
     if (recompute == "budget") != (budget_bytes is not None):
         raise click.UsageError("--recompute budget needs --budget or --device, and they only "
                                "apply to it")
-    try:
+    with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs)
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
@@ -70,8 +69,6 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                          show_progress=not as_json, recompute=recompute,
                          recompute_budget_bytes=budget_bytes, density=density,
                          mask_allocation=mask_allocation, mask_init=mask_init)
-    except (ValueError, DataError) as e:
-        fail(str(e), EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return

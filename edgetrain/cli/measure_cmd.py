@@ -7,10 +7,8 @@ import json
 import click
 
 from device_sim.profiles import PROFILES
-from edgetrain.cli.common import (EXIT_BAD_INPUT, EXIT_BUDGET, budget_option, device_option, fail,
+from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors,
                                   json_option, mib, resolve_budget)
-from edgetrain.budget import BudgetError
-from edgetrain.manifest import ArtifactError
 
 
 @click.command()
@@ -41,14 +39,10 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     from device_sim.reports import measure_report  # host side: reads the graphs with onnx
 
     device, budget_bytes = resolve_budget(device, budget)
-    try:
+    with exit_on_device_errors():
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,
                              plot_dir=plot_dir)
-    except BudgetError as e:
-        fail(str(e), EXIT_BUDGET)
-    except (ArtifactError, ValueError) as e:
-        fail(str(e), EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -94,10 +88,8 @@ def fit(artifact, device, budget, as_json):
     if (device is None) == (budget is None):
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
-    try:
+    with exit_on_device_errors():
         r = fit_report(artifact, budget_bytes)
-    except (ArtifactError, ValueError) as e:
-        fail(str(e), EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps({"artifact": str(artifact), "device": device, **r.to_dict()},
                               indent=2))

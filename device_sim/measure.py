@@ -72,9 +72,12 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
             phase = line[len(MARK):].strip()
             continue
         if m := _RESERVE.search(line):
-            # Session initializers (constants of the graphs) reserved in the env arena.
-            pending_reserve += int(m.group(1))
-            per["other"] += int(m.group(1))
+            # Session initializers (constants of the graphs) reserved in the env arena. A
+            # reload frees the old Module's reservation first (BFCArena::Free gives reserved
+            # bytes back to the total), so its new one replaces it.
+            if phase != "reload":
+                pending_reserve += int(m.group(1))
+                per["other"] += int(m.group(1))
         elif m := _EXTENDING.search(line):
             rounded = int(m.group(1))
         elif m := _EXTENDED.search(line):
@@ -86,10 +89,11 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
             if phase != "parameters" and total - extended == env_total + pending_reserve:
                 env_total, pending_reserve = total, 0
                 per[_category(phase)] += extended
-            else:  # a private arena (a checkpoint tensor or an API scalar): one chunk in use
-                assert rounded is not None, "arena log out of order"
+            elif phase != "reload":  # a private arena (a checkpoint tensor or an API
+                assert rounded is not None, "arena log out of order"  # scalar): one chunk
                 outside += rounded
                 per["parameters" if phase == "parameters" else "other"] += rounded
+            # (in a reload, the weights' arenas replace those of the weights freed before it)
             rounded = extended = None
     env_total += pending_reserve
     return env_total, outside, per
@@ -105,7 +109,7 @@ def _category(phase: str) -> str:
 
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,
             accumulation: int = 1, steps: int = 3, threads: int | None = None,
-            timeout_s: float = 1800) -> Measurement:
+            timeout_s: float = 1800, select: bool = True, adapt: str = "none") -> Measurement:
     """Run the probe in a child process and read its allocator log. Raises BudgetError."""
     from edgetrain.budget import BudgetError
 
@@ -114,7 +118,8 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "ort.log"
         cmd = [sys.executable, "-m", "device_sim.measure", str(artifact), str(batch),
-               str(budget_bytes or 0), str(accumulation), str(steps), str(threads or 0), tmp]
+               str(budget_bytes or 0), str(accumulation), str(steps), str(threads or 0), tmp,
+               str(int(select)), adapt]
         with open(log, "wb") as f:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, timeout=timeout_s,
                                   preexec_fn=fix_address_layout)
@@ -159,8 +164,10 @@ def _peak_rss_bytes() -> int:
 
 
 def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int,
-           threads: int, tmp: str) -> None:
-    """Child process: replay the personalisation cycle with phase marks on stderr."""
+           threads: int, tmp: str, select: bool = True, adapt: str = "none") -> None:
+    """Child process: replay the personalisation cycle with phase marks on stderr. select:
+    also what on-device selection does (edgetrain/trainloop.py): weights saved, a candidate
+    restarted from them, the best loaded back. adapt "bn": BatchNorm statistics first."""
     import numpy as np
 
     from edgetrain.budget import BudgetError
@@ -185,17 +192,36 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         x = rng.standard_normal((batch, *m.input.sample_shape)).astype(np.float32)
         y = rng.integers(0, m.num_classes, batch)
         mark("preflight")
-        rt.preflight()
+        rt.preflight(batchnorm_stats=adapt == "bn")
         mark("eval")
         rt.eval_logits(x)
-        mark("train")
+        if adapt == "bn":
+            mark("other")
+            rt.reset_batchnorm([x])
         times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            for _ in range(accumulation):
-                rt.train_micro_batch(x, y)
-            rt.optimizer_step(1.0 / accumulation)
-            times.append(time.perf_counter() - t0)
+
+        def train() -> None:
+            mark("train")
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                for _ in range(accumulation):
+                    rt.train_micro_batch(x, y)
+                rt.optimizer_step(1.0 / accumulation)
+                times.append(time.perf_counter() - t0)
+        if select:
+            mark("other")
+            rt.save_checkpoint(Path(tmp) / "start", optimizer_state=False)
+        train()
+        if select:  # score, keep the best, restart the next candidate, load the best back
+            mark("eval")
+            rt.eval_logits(x)
+            mark("other")
+            rt.save_checkpoint(Path(tmp) / "best", optimizer_state=False)
+            mark("reload")
+            rt.load_checkpoint(Path(tmp) / "start")
+            train()
+            mark("reload")
+            rt.load_checkpoint(Path(tmp) / "best")
         mark("other")
         rt.save_checkpoint(Path(tmp) / names.RUN_CHECKPOINT)
         mark("eval")
@@ -224,4 +250,5 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    _probe(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6])
+    _probe(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6], bool(int(a[7])),
+           a[8])

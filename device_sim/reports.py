@@ -23,13 +23,15 @@ COVERS = ("every byte ONNX Runtime allocates for the training working set: param
 
 def measure_report(artifact: str | Path, batch: int, *, device: str | None = None,
                    budget_bytes: int | None = None, accumulate: int = 1, steps: int = 3,
-                   threads: int | None = None, plot_dir: str | Path | None = None) -> dict:
+                   threads: int | None = None, plot_dir: str | Path | None = None,
+                   select: bool = True, adapt: str = "none") -> dict:
     """Measure the training cycle at `batch` (capped at budget_bytes if given) and put the
     prediction for the same thread count, the step's cost and recompute overhead beside it.
     plot_dir: also draw timeline.png and graph.png there (needs matplotlib).
     Raises BudgetError (does not fit), ArtifactError or ValueError (bad input)."""
     manifest = load_manifest(artifact)
-    r = measure(artifact, batch, budget_bytes, accumulate, steps, threads)
+    r = measure(artifact, batch, budget_bytes, accumulate, steps, threads, select=select,
+                adapt=adapt)
     pred = predict_manifest(artifact, manifest, batch, r.threads)
     train = str(Path(artifact) / manifest.files[names.TRAINING_MODEL].path)
     cost = step_cost(train, batch, sum(t.nbytes // 4 for t in manifest.trainable))

@@ -147,13 +147,14 @@ class CheckpointWriteError(WriteError):
                          what="checkpoint ")
 
 
-def save_state(api, state, path: Path, min_bytes: int) -> Path:
+def save_state(api, state, path: Path, min_bytes: int, optimizer_state: bool = True) -> Path:
     """Write a CheckpointState (parameters and optimizer state) to `path` atomically: a crash
     leaves the old file. A file shorter than min_bytes (every tensor's bytes) is a failed
     write: ORT does not always report a full disk. Raises CheckpointWriteError."""
     with atomic_write(path) as tmp:
         try:
-            api.CheckpointState.save_checkpoint(state, str(tmp), include_optimizer_state=True)
+            api.CheckpointState.save_checkpoint(state, str(tmp),
+                                                include_optimizer_state=optimizer_state)
             written = tmp.stat().st_size if tmp.exists() else 0
             if written < min_bytes:
                 raise OSError(errno.ENOSPC, f"only {written} of at least {min_bytes} bytes "

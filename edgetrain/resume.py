@@ -58,6 +58,9 @@ class ResumeState:
     checkpoint: str  # file name in resume/
     checkpoint_bytes: int
     checkpoint_sha256: str
+    # on-device selection (edgetrain/trainloop.py): the candidate being trained, the scores,
+    # the best so far, and the sha256 of select/start and select/best; None without selection
+    selection: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,10 +117,10 @@ def _prune(d: Path) -> None:
 
 def clean_temporaries(run: str | os.PathLike) -> list[str]:
     """Delete half-written temporary files a killed run left behind (atomicfile's
-    `.<name>.tmp-<pid>-<thread>`, in the run folder and in resume/); returns their names.
+    `.<name>.tmp-<pid>-<thread>`, in the run folder, resume/ and select/); returns their names.
     Called with the run folder's lock held, so no live writer owns them."""
     gone = []
-    for d in (Path(run), Path(run) / RESUME_DIR):
+    for d in (Path(run), Path(run) / RESUME_DIR, Path(run) / "select"):
         if d.is_dir():
             for p in d.iterdir():
                 if p.name.startswith(".") and ".tmp-" in p.name and p.is_file():

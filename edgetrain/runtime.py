@@ -169,19 +169,20 @@ class DeviceRuntime:
         A budget too small for training fails here, before any data is touched or any
         checkpoint written. Gradients are reset; BatchNorm running statistics, which a
         training-mode forward updates in place, are restored. mask_gradients / batchnorm_stats
-        also run those side graphs once, for work that will need them.
+        also run those side graphs once, for work that will need them, in the order a run
+        does: BatchNorm statistics (label-free adaptation) before training.
         """
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
+        if batchnorm_stats:
+            self.side.batchnorm_means([x])
         self.module.train()
         self._run(x, y, f"a training step at micro-batch {b}")
         self.module.lazy_reset_grad()
         if mask_gradients:
             self.side.dense_gradients([(x, y)])
-        if batchnorm_stats:
-            self.side.batchnorm_means([x])
         for name, value in frozen.items():
             self.state.parameters[name].data[...] = value
 
@@ -270,9 +271,12 @@ class DeviceRuntime:
             raise self._translate(e, "the inference model") from e
 
     # ---- persistence -------------------------------------------------------------------------
-    def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write parameters and optimizer state atomically: a crash leaves the old file."""
-        return save_state(training_api(), self.state, Path(path), self.min_checkpoint_bytes)
+    def save_checkpoint(self, path: str | os.PathLike, optimizer_state: bool = True) -> Path:
+        """Write parameters (and optimizer state) atomically: a crash leaves the old file.
+        Loading a checkpoint without optimizer state gives fresh AdamW moments, made in the
+        capped arena as at the first load; with it, ORT loads the moments beside the cap."""
+        return save_state(training_api(), self.state, Path(path), self.min_checkpoint_bytes,
+                          optimizer_state)
 
     def export_inference(self, path: str | os.PathLike) -> Path:
         """Write an inference-only ONNX model (input -> logits) with the current weights."""

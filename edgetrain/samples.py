@@ -78,6 +78,28 @@ class SampleArray:
         return out
 
 
+class Rows:
+    """Chosen rows of an array or SampleArray (a validation slice, the labelled windows),
+    without copying them: row i is base[index[i]]."""
+
+    def __init__(self, base, index):
+        self.base, self.index = base, np.asarray(index, np.int64)
+        self.shape = (len(self.index), *base.shape[1:])
+        self.dtype = base.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            return self.base[int(self.index[key])]
+        return np.asarray(self.base[self.index[key]])
+
+
 def blocks(a, block_bytes: int = BLOCK_BYTES):
     """(first row, rows) of an array or SampleArray, about block_bytes at a time."""
     row = max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize)

@@ -29,7 +29,10 @@ from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
 from exporters.networks import build_network
 
-CACHE_VERSION = 1  # bump when pretraining code changes what it produces
+# Bump when pretraining code changes what it produces. 2: the initial weights are seeded
+# (cfg.seed), so every run of one config trains the same model.
+CACHE_VERSION = 2
+PRETRAIN_THREADS = 2  # torch threads while pretraining: sums in one order on every machine
 # Bump when the sparse (DST) epochs change what they produce; only keys with `dst` carry it.
 # 2: the mask update is edgetrain.masks.mask_update, dropping round(fraction x nnz) weights
 #    per layer as the device does (1 dropped int(fraction x nnz)).
@@ -73,6 +76,7 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     recs = data.load_recordings()
     xw, yw = data.population_windows(recs, cfg.held_out)
     mean, scale = data.channel_stats(xw)
+    torch.manual_seed(cfg.seed)  # the initial weights too: one config, one model
     model, spec = build_network(cfg.model, len(recs.classes), cfg.width)
     summary = {"population_subjects": sorted(int(s) for s in set(recs.subject.tolist())
                                              if s not in cfg.held_out),
@@ -88,6 +92,23 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     signals = (data.standardised_windows(xw, mean, scale) if spec.input == "imu_window"
                else data.standardised_signals(xw, mean, scale, spec.image_size))
     partial = cached.with_suffix(".partial.pt") if cached is not None else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(PRETRAIN_THREADS)
+    try:
+        train = _train(model, cfg, spec, signals, yw, show_progress, partial, cache_dir)
+    finally:
+        torch.set_num_threads(threads)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(cached) as tmp:
+            torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
+        partial.unlink(missing_ok=True)
+    return model, {**summary, **train, "cache": str(cached) if cached else None}
+
+
+def _train(model, cfg: PretrainConfig, spec, signals, yw, show_progress: bool,
+           partial: Path | None, cache_dir: Path | None) -> dict:
+    """Dense epochs, or (cfg.dst) sparse epochs from the cached dense model of the config."""
     if cfg.dst is None:
         torch.manual_seed(cfg.seed)
         train = _fit(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None, show_progress,
@@ -100,12 +121,7 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
         train = _fit(model, cfg, spec, signals, yw, cfg.dst.epochs, cfg.dst.lr, masks,
                      show_progress, partial)
         train["dense"] = {k: dense_summary[k] for k in ("final_loss", "pretrain_time_s", "steps")}
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(cached) as tmp:
-            torch.save({"state_dict": model.state_dict(), "train": train}, tmp)
-        partial.unlink(missing_ok=True)
-    return model, {**summary, **train, "cache": str(cached) if cached else None}
+    return train
 
 
 def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,

@@ -35,11 +35,12 @@ def setup(tiny_artifact, tmp_path_factory) -> dict:
 @example(fraction=1.5, batch=16)  # fits
 def test_a_run_fits_its_budget_or_fails_before_any_step(setup, fraction, batch):
     budget = max(1, int(fraction * setup["peak16"]))
-    m = cli("measure", setup["artifact"], "--batch", batch, "--budget", budget, "--json")
+    m = cli("measure", setup["artifact"], "--batch", batch, "--budget", budget, "--json",
+            "--no-select")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         p = cli("personalise", setup["artifact"], "--data", setup["data"], "--budget", budget,
-                "--micro-batch", batch, "--epochs", "1", "--out", out, "--json")
+                "--micro-batch", batch, "--epochs", "1", "--out", out, "--json", "--no-select")
         if m.returncode == 0:
             assert json.loads(m.stdout)["peak_bytes"] <= budget
             assert p.returncode == 0, p.stderr

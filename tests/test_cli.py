@@ -24,7 +24,7 @@ def test_custom_network_exported_in_python_personalises_from_npz(tmp_path, npz):
     art = tmp_path / "custom"
     export_tiny(art, micro_batch=8, lr=5e-2, seed=3)  # not a named network: the Python API
     p = cli("personalise", art, "--data", npz / "train.npz", "--test", npz / "test.npz",
-            "--budget", "4MiB", "--epochs", "6", "--out", tmp_path / "run", "--json")
+            "--budget", "4MiB", "--epochs", "6", "--out", tmp_path / "run", "--json", "--no-select")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["torch_loaded"] is False
@@ -40,7 +40,7 @@ def test_custom_network_exported_in_python_personalises_from_npz(tmp_path, npz):
 def test_micro_batching_accumulates_to_the_same_number_of_samples(tmp_path, npz, tiny_artifact):
     p = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--budget", "4MiB",
             "--micro-batch", "2", "--accumulate", "4", "--epochs", "1", "--out", tmp_path / "r",
-            "--json")
+            "--json", "--no-select")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert (r["micro_batch"], r["accumulation_steps"], r["optimizer_steps"]) == (2, 4, 48 // 8)

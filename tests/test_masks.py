@@ -220,7 +220,7 @@ def test_cli_personalise_with_rigl_and_reset_bn(tmp_path, sparse_artifact, tiny_
     np.savez(tmp_path / "test.npz", x=xt, y=yt)
     data = ["--data", tmp_path / "train.npz", "--test", tmp_path / "test.npz", "--budget", "4MiB"]
     r = cli("personalise", sparse_artifact, *data, "--epochs", "4", "--mask-update", "rigl",
-            "--mask-every", "2", "--out", tmp_path / "dst", "--json")
+            "--mask-every", "2", "--out", tmp_path / "dst", "--json", "--no-select")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["mask_method"] == "rigl" and d["mask_updates"] == 17  # steps 2..34 of 48 (< 75%)

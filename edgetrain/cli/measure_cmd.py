@@ -33,8 +33,14 @@ def devices(as_json):
               help="ORT intra-op threads (default: the artifact's plan).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
               help="Write timeline.png and graph.png into this folder.")
+@click.option("--select/--no-select", default=True, show_default=True,
+              help="Replay on-device selection as personalise does by default (weights "
+                   "saved, a candidate restarted, the best loaded back).")
+@click.option("--adapt", type=click.Choice(["none", "bn"]), default="none", show_default=True,
+              help="Replay personalise --adapt bn (BatchNorm statistics first).")
 @json_option
-def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, as_json):
+def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, select,
+            adapt, as_json):
     """Measure the peak bytes of training, from the runtime's own allocator."""
     from device_sim.reports import measure_report  # host side: reads the graphs with onnx
 
@@ -42,7 +48,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     with exit_on_device_errors():
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,
-                             plot_dir=plot_dir)
+                             plot_dir=plot_dir, select=select, adapt=adapt)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return

@@ -63,28 +63,55 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               help="Optimizer steps between resume points (0: only at epoch ends).")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --out from its newest intact resume point.")
+@click.option("--select/--no-select", default=True, show_default=True,
+              help="Hold out a validation slice of your labelled windows (cut in time) and "
+                   "choose the learning rate, the epoch and the final model on it; the guard "
+                   "keeps the population model if personalising did not help.")
+@click.option("--val-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.25, show_default=True, help="Share of each recording (--user) or of "
+              "each class's windows (--data, in time order) that validates.")
+@click.option("--val", "val_file", type=click.Path(), help="Your validation windows (.npz) "
+              "for --data, instead of cutting them from it.")
+@click.option("--lr-grid", type=str, default=None, help="Learning rates tried, e.g. "
+              "1e-4,3e-4,1e-3 (default: the lr and a third and three times it).")
+@click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Epochs without a better validation score before a learning rate stops.")
+@click.option("--guard-margin", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Validation windows personalising must gain over the population model.")
+@click.option("--adapt", type=click.Choice(["none", "bn"]), default="none", show_default=True,
+              help="bn: re-estimate BatchNorm statistics from your windows first (no labels).")
+@click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
+              help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
 def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
-                mask_end, checkpoint_every, resume, as_json):
+                mask_end, checkpoint_every, resume, select, val_fraction, val_file, lr_grid,
+                patience, guard_margin, adapt, labels_per_class, as_json):
     """Train an artifact on one user's data inside a device's memory budget."""
     from edgetrain.masks import MaskSchedule
     from edgetrain.personalise import TrainConfig
     from edgetrain.personalise import personalise as run
-    from edgetrain.userdata import user_data
+    from edgetrain.userdata import user_split
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
     fixed_address_layout()
     with exit_on_device_errors():
-        train, test = user_data(artifact, user, data_file, test_file)
+        if labels_per_class == 0:  # label-free: adaptation only, nothing to select with
+            if adapt == "none":
+                raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
+            epochs, labels_per_class, select = 0, None, False
+        d = user_split(artifact, user, data_file, test_file,
+                       val_fraction if select else None, val_file if select else None)
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
         cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
                           accumulation_steps=accumulate, seed=seed, masks=masks,
-                          checkpoint_every=checkpoint_every)
+                          checkpoint_every=checkpoint_every, lrs=parse_lrs(lr_grid),
+                          patience=patience, guard_margin=guard_margin, adapt=adapt,
+                          labels_per_class=labels_per_class)
         with Progress(not as_json) as progress:
-            r = run(artifact, train, test, out, budget_bytes, cfg, progress=progress,
-                    threads=threads, resume=resume)
+            r = run(artifact, d.train, d.test, out, budget_bytes, cfg, progress=progress,
+                    threads=threads, resume=resume, val=d.val)
     if as_json:
         click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
         return
@@ -96,14 +123,27 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
                    f"{r.damaged_resume_points_moved_to}, and the run started again")
     click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
                f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
+    if r.guard is not None:
+        click.echo(r.guard["message"])
     if r.accuracy_before is not None:
-        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}")
+        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}"
+                   f"  ({100 * (r.accuracy_after - r.accuracy_before):+.1f} points)")
         click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
                    "of test samples")
     if r.mask_method:
         click.echo(f"mask updates ({r.mask_method}): {r.mask_updates}, {r.regrown_weights:,} "
                    "weights regrown in all")
     click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
+
+
+def parse_lrs(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of learning rates; write e.g. "
+                                 "1e-4,3e-4,1e-3", param_hint="--lr-grid") from None
 
 
 @click.command("reset-bn")

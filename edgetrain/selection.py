@@ -1,0 +1,116 @@
+"""Choosing on the device, from the user's own data only: scores on a validation slice, the
+best of several learning rates and epochs (keep-best, early stopping), and the do-no-harm
+guard that keeps the population model when personalising did not help.
+
+The validation slice is labelled data of the user that training never sees (cut in time,
+edgetrain.data.validation_split / time_split). Every candidate starts from the same weights;
+after each epoch it is scored on the slice, the best so far is saved (atomically), and a
+candidate stops after `patience` epochs without a new best. The guard compares the best with
+the population model's score on the same slice: it must get at least `margin_windows` more
+windows right. With 10 to 29 validation windows per user (the built-in data set), one window
+is 3 to 10 points, and the best of a dozen scored candidates is optimistic by about that much
+(a maximum over noisy scores), so the default margin is one window: a tie, or a gain no larger
+than the luck of picking a maximum, keeps the population model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+ADAPTS = ("none", "bn")  # label-free adaptation before training (bn: BatchNorm statistics)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A model's result on the validation slice."""
+
+    correct: int
+    windows: int
+    loss: float  # mean cross-entropy over the windows
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.windows if self.windows else 0.0
+
+    def beats(self, other: "Score") -> bool:
+        """More windows right, or as many at a lower loss."""
+        return (self.correct, -self.loss) > (other.correct, -other.loss)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "accuracy": round(self.accuracy, 6)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Score":
+        return cls(int(d["correct"]), int(d["windows"]), float(d["loss"]))
+
+
+def score(logits: np.ndarray, y: np.ndarray) -> Score:
+    """Score per-sample logits [N, K] against labels [N]."""
+    y = np.asarray(y, np.int64)
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    loss = float(-log_p[np.arange(len(y)), y].mean()) if len(y) else math.inf
+    return Score(int((logits.argmax(-1) == y).sum()), len(y), loss)
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    lrs: tuple[float, ...]  # the learning rates tried, in order
+    patience: int = 2  # epochs without a new best before a candidate stops
+    margin_windows: int = 1  # the guard: validation windows the best must gain over population
+
+    def __post_init__(self):
+        if not self.lrs:
+            raise ValueError("selection needs at least one learning rate")
+        for lr in self.lrs:
+            if not (math.isfinite(lr) and lr > 0):
+                raise ValueError(f"learning rate {lr!r} must be a finite number above 0")
+        if self.patience < 1:
+            raise ValueError(f"patience must be at least 1 epoch, got {self.patience}")
+        if self.margin_windows < 0:
+            raise ValueError(f"the guard's margin must be >= 0 windows, got {self.margin_windows}")
+
+
+def lr_grid(lr: float, factors=(1 / 3, 1.0, 3.0)) -> tuple[float, ...]:
+    """The default candidates: the artifact's learning rate and its neighbours."""
+    return tuple(float(f"{lr * f:.3g}") for f in factors)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the guard decided, and on what evidence."""
+
+    kept_population: bool
+    population: Score  # the population model on the validation slice
+    best: Score  # the best personalised candidate there
+    best_lr: float | None
+    best_epoch: int  # epochs of training of the best (0: the starting weights)
+    margin_windows: int
+
+    @property
+    def message(self) -> str:
+        if self.kept_population:
+            return ("kept the population model: personalisation did not help on your "
+                    f"validation data ({self.best.correct}/{self.best.windows} right at best, "
+                    f"the population model {self.population.correct}/{self.population.windows};"
+                    f" it needs {self.margin_windows} more)")
+        return (f"personalised: {self.best.correct}/{self.best.windows} validation windows "
+                f"right, the population model {self.population.correct}/"
+                f"{self.population.windows} (lr {self.best_lr:g}, {self.best_epoch} epochs)")
+
+    def to_dict(self) -> dict:
+        return {"kept_population": self.kept_population, "message": self.message,
+                "population": self.population.to_dict(), "best": self.best.to_dict(),
+                "best_lr": self.best_lr, "best_epoch": self.best_epoch,
+                "margin_windows": self.margin_windows}
+
+
+def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
+           margin_windows: int) -> Decision:
+    """The guard: keep the population model unless the best gains margin_windows windows."""
+    helped = best.correct >= population.correct + max(margin_windows, 0) and (
+        best.correct > population.correct or best.loss < population.loss)
+    return Decision(not helped, population, best, best_lr, best_epoch, margin_windows)

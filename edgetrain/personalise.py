@@ -113,6 +113,9 @@ class PersonaliseResult:
     history: list | None = None  # every epoch's validation score
     adapt: str = "none"
     labels_per_class: int | None = None
+    # which test windows were right before and after, "0"/"1" each in order (paired bootstrap)
+    test_correct_before: str | None = None
+    test_correct_after: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

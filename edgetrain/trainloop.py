@@ -30,7 +30,7 @@ from edgetrain.manifest import sha256_file
 from edgetrain.masks import UPDATERS
 from edgetrain.runtime import DeviceRuntime
 from edgetrain.samples import Rows
-from edgetrain.selection import Score, decide, lr_grid, score
+from edgetrain.selection import Score, decide, lr_grid, record_epoch, score, stopped
 from edgetrain.shuffle import Shuffle
 from edgetrain.userdata import first_per_class
 
@@ -92,8 +92,10 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         before, sel = point.accuracy_before, dict(point.selection or {})
         _check_select_files(sel_dir, sel)
     else:
-        before = _accuracy(evaluate_on(test_feed), test[1]) if test_feed else None
         sel = {"candidate": 0, "since_best": 0, "history": []}
+        before = None
+        if test_feed is not None:
+            before, sel["test_correct_before"] = _accuracy(evaluate_on(test_feed), test[1])
         if val_feed is not None:
             sel["population"] = score(evaluate_on(val_feed), val[1][:]).to_dict()
         if adapt:  # label-free: every personalisation window, labelled or not, feeds the stats
@@ -141,7 +143,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         if here:
             rng.bit_generator.state = point.epoch_rng_state
         for epoch in range(point.epoch if here else 0, config.epochs):
-            if val_feed is not None and sel["since_best"] >= config.patience:
+            if val_feed is not None and stopped(sel, config.patience):
                 break  # early stopping: this candidate has stopped improving
             epoch_rng_state = rng.bit_generator.state
             order = Shuffle(len(feed), int(rng.integers(2**63)))  # the epoch's order, computed
@@ -192,11 +194,11 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path
                            if decision.kept_population else sel_dir / sel["best_file"])
     ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)
-    after = agreement = None
+    after = agreement = correct_after = None
     infer_path = rt.export_inference(out / names.RUN_INFERENCE_MODEL)
     if test_feed is not None:
         logits = evaluate_on(test_feed)
-        after = _accuracy(logits, test[1])
+        after, correct_after = _accuracy(logits, test[1])
         rt.release_training()  # the inference check's weights go where training's were
         infer = test_feed.sample_logits(lambda xb: rt.inference_logits(infer_path, xb), b)
         agreement = float((infer.argmax(-1) == logits.argmax(-1)).mean())
@@ -210,11 +212,14 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         damaged_resume_points_moved_to=set_aside, learning_rates=list(lrs),
         validation_windows=len(val[1]) if val is not None else None,
         guard=decision.to_dict() if decision else None, history=sel["history"],
-        adapt=config.adapt, labels_per_class=config.labels_per_class)
+        adapt=config.adapt, labels_per_class=config.labels_per_class,
+        test_correct_before=sel.get("test_correct_before"), test_correct_after=correct_after)
 
 
-def _accuracy(logits: np.ndarray, y) -> float:
-    return float((logits.argmax(-1) == np.asarray(y[:])).mean())
+def _accuracy(logits: np.ndarray, y) -> tuple[float, str]:
+    """Accuracy, and which windows were right as a string of 0/1 (for paired statistics)."""
+    right = logits.argmax(-1) == np.asarray(y[:])
+    return float(right.mean()), "".join("1" if r else "0" for r in right)
 
 
 def _save(rt: DeviceRuntime, path: Path) -> str:
@@ -225,12 +230,8 @@ def _save(rt: DeviceRuntime, path: Path) -> str:
 def _score_epoch(rt, sel: dict, s: Score, lr: float, epoch: int, path: Path) -> None:
     """Record an epoch's validation score; a new best is saved (keep-best) under a new name,
     so the best a committed resume point names is never overwritten."""
-    sel["history"].append({"lr": lr, "epoch": epoch, **s.to_dict()})
-    if s.beats(Score.from_dict(sel["best"])):
-        sel.update(best=s.to_dict(), best_lr=lr, best_epoch=epoch, since_best=0,
-                   best_file=path.name, best_sha256=_save(rt, path))
-    else:
-        sel["since_best"] += 1
+    if record_epoch(sel, s, lr, epoch):
+        sel.update(best_file=path.name, best_sha256=_save(rt, path))
 
 
 def _prune_best(out: Path, sel_dir: Path) -> None:

@@ -106,6 +106,8 @@ def exit_on_device_errors():
     except OSError as e:  # a read or write the steps above did not expect
         fail(f"I/O error: {e}; nothing already saved was changed. Check the disk and the "
              "paths given, then run again (with --resume if a run had started)", EXIT_DISK)
+    except click.ClickException:
+        raise  # usage errors: click prints them, exit status 2
     except Exception as e:
         if os.environ.get("EDGETRAIN_DEBUG"):
             raise

@@ -10,6 +10,7 @@ from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (Bytes, Progress, exit_on_device_errors, fixed_address_layout,
                                   json_option, mib, resolve_budget)
 from edgetrain.masks import UPDATERS
+from edgetrain.selection import gain_interval
 
 
 def user_run_options(f):
@@ -44,7 +45,8 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
 @click.command()
 @click.argument("artifact", type=click.Path())
 @user_run_options
-@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--epochs", type=int, default=5, show_default=True,
+              help="Epochs per learning rate (at most, with early stopping).")
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
 @click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")
@@ -126,8 +128,10 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     if r.guard is not None:
         click.echo(r.guard["message"])
     if r.accuracy_before is not None:
-        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after {r.accuracy_after:.3f}"
-                   f"  ({100 * (r.accuracy_after - r.accuracy_before):+.1f} points)")
+        gain, lo, hi = gain_interval(r.test_correct_before, r.test_correct_after)
+        click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after "
+                   f"{r.accuracy_after:.3f}  gain {gain:+.1f} points (95% interval {lo:+.1f} "
+                   f"to {hi:+.1f}, over {len(r.test_correct_after)} test windows)")
         click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
                    "of test samples")
     if r.mask_method:

@@ -40,7 +40,7 @@ def main() -> None:
                 r = json.loads(run("personalise", str(arts[density]), "--user", str(USER),
                                    "--device", DEVICE, "--epochs", str(EPOCHS), "--seed",
                                    str(seed), "--out", str(Path(tmp) / f"{name}-{seed}"),
-                                   "--json", *extra))
+                                   "--json", "--no-select", *extra))  # as documented
                 row = {"run": name, "density": density, "seed": seed,
                        "step_peak_bytes": peaks[density], **r}
                 rows.append(row)

@@ -45,7 +45,8 @@ def stage_export(c: StackConfig) -> dict:
 
 def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str]:
     args = ["personalise", art, "--budget", "64GiB", "--out", str(out), "--lr", repr(lr),
-            "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json"]
+            "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json",
+            "--no-select"]  # the stack's light recipe, as its tables were made
     if c.sparse:
         args += ["--mask-update", MASK_UPDATES["mask_update"],
                  "--mask-every", str(MASK_UPDATES["mask_every"]),

@@ -6,7 +6,8 @@
 
 Five folds of two subjects ({1,2}, {3,4}, ... {9,10}): a fold's population model pretrains on
 the other eight and never sees its held-out users. Each held-out user then personalises on
-device (`edgetrain personalise`, watchos-extension budget, micro-batch 8) from the population
+device (`edgetrain personalise`, watchos-extension budget, micro-batch 8; 7 for a raw-IMU
+network with one label per class: 7 windows, 7 items) from the population
 model, once per mode: label-free (BatchNorm statistics from the user's unlabelled windows),
 1 and 5 labelled windows per class, and all labelled windows. Labelled modes use the product's
 on-device selection: a validation slice cut in time from the user's personalisation arm,
@@ -63,8 +64,12 @@ def main(model: str) -> None:
             export_fold(model, users, art)
             for user, mode in todo:
                 out = Path(tmp) / f"run-{user}-{mode.split()[0]}"
+                # one labelled window of each of 7 classes is 7 items for a raw-IMU network
+                # (a patch model cuts each window into 49 patches)
+                raw = model.startswith("imu_")
+                batch = 7 if raw and mode == "1 label/class" else MICRO_BATCH
                 r = json.loads(run("personalise", str(art), "--user", str(user), "--device",
-                                   DEVICE, "--micro-batch", str(MICRO_BATCH), "--epochs",
+                                   DEVICE, "--micro-batch", str(batch), "--epochs",
                                    str(EPOCHS), "--out", str(out), "--json", *MODES[mode]))
                 row = {"model": model, "fold": list(users), "user": user, "mode": mode, **r}
                 with open(path, "a") as f:

@@ -21,7 +21,7 @@ from edgetrain import names
 from edgetrain.feed import Feed
 from edgetrain.shuffle import Shuffle
 from edgetrain.atomicfile import atomic_write_bytes
-from edgetrain.personalise import accuracy, evaluate
+from edgetrain.selection import test_accuracy
 from edgetrain import resume as resume_points
 from edgetrain.runfolder import RunFolderError, RunLock, check_placement, refuse_finished
 from edgetrain.runtime import DeviceRuntime
@@ -81,9 +81,11 @@ def _reset(artifact, train, test, out: Path, budget_bytes, samples: int, seed: i
     items = np.random.default_rng(seed + 1).permutation(items)[:full * b]
     out.mkdir(parents=True, exist_ok=True)
     test_feed = Feed(*test, rt.manifest) if test is not None else None
-    before = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
+    before = (test_accuracy(test_feed.sample_logits(rt.eval_logits, b), test[1])[0]
+              if test_feed else None)
     n = rt.reset_batchnorm(feed.inputs(items[i * b:(i + 1) * b]) for i in range(full))
-    after = accuracy(evaluate(rt.eval_logits, test_feed, b), test[1]) if test_feed else None
+    after = (test_accuracy(test_feed.sample_logits(rt.eval_logits, b), test[1])[0]
+             if test_feed else None)
     ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)
     infer = rt.export_inference(out / names.RUN_INFERENCE_MODEL)
     result = ResetResult(budget_bytes=budget_bytes, samples=len(chosen), batches=n,

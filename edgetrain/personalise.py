@@ -26,10 +26,12 @@ import numpy as np
 
 from edgetrain import names, trainloop
 from edgetrain.atomicfile import atomic_write_bytes
-from edgetrain.feed import Feed
 from edgetrain.masks import MaskSchedule
 from edgetrain.runfolder import RunLock, check_placement
-from edgetrain.selection import ADAPTS, SelectionConfig
+from edgetrain.selection import ADAPTS, check_settings
+from edgetrain.trainloop import Interrupted, TrainingDiverged
+
+__all__ = ["Interrupted", "PersonaliseResult", "TrainConfig", "TrainingDiverged", "personalise"]
 
 
 @dataclass(frozen=True)
@@ -63,27 +65,11 @@ class TrainConfig:
             raise ValueError(f"checkpoint interval must be >= 0 steps, got {self.checkpoint_every}")
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"learning rate must be a finite number above 0, got {self.lr}")
-        if self.lrs is not None:
-            SelectionConfig(tuple(self.lrs), self.patience, self.guard_margin)  # checks them
-        if self.patience < 1 or self.guard_margin < 0:
-            raise ValueError(f"patience must be >= 1 epoch and the guard's margin >= 0 windows, "
-                             f"got {self.patience} and {self.guard_margin}")
+        check_settings(self.lrs, self.patience, self.guard_margin)
         if self.adapt not in ADAPTS:
             raise ValueError(f"unknown adaptation {self.adapt!r}; choose one of {ADAPTS}")
         if self.labels_per_class is not None and self.labels_per_class < 1:
             raise ValueError(f"labels per class must be at least 1, got {self.labels_per_class}")
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite: the weights can no longer improve."""
-
-
-class Interrupted(RuntimeError):
-    """SIGTERM or SIGINT arrived: a resume point was written at the current step."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -121,16 +107,6 @@ class PersonaliseResult:
         return asdict(self)
 
 
-def accuracy(logits: np.ndarray, y) -> float:
-    """y: labels as an array or a SampleArray (edgetrain/samples.py)."""
-    return float((logits.argmax(-1) == np.asarray(y[:])).mean())
-
-
-def evaluate(logits_fn, feed: Feed, batch: int) -> np.ndarray:
-    """Per-sample logits (patch logits averaged per sample); inputs made a batch at a time."""
-    return feed.sample_logits(logits_fn, batch)
-
-
 def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
                 test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
                 budget_bytes: int | None, config: TrainConfig = TrainConfig(),
@@ -148,7 +124,7 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     check_placement(out, artifact)
     with RunLock(out), StopRequests() as stop:
         fields = trainloop.run(artifact, train, val, test, Path(out), budget_bytes, config,
-                               progress, threads, resume, stop, (TrainingDiverged, Interrupted))
+                               progress, threads, resume, stop)
         result = PersonaliseResult(torch_loaded=sys.modules.get("torch") is not None, **fields)
         atomic_write_bytes(Path(out) / names.RUN_RESULT,
                            json.dumps(result.to_dict(), indent=2).encode())

@@ -58,22 +58,26 @@ def score(logits: np.ndarray, y: np.ndarray) -> Score:
     return Score(int((logits.argmax(-1) == y).sum()), len(y), loss)
 
 
-@dataclass(frozen=True)
-class SelectionConfig:
-    lrs: tuple[float, ...]  # the learning rates tried, in order
-    patience: int = 2  # epochs without a new best before a candidate stops
-    margin_windows: int = 1  # the guard: validation windows the best must gain over population
-
-    def __post_init__(self):
-        if not self.lrs:
+def check_settings(lrs, patience: int, margin_windows: int) -> None:
+    """ValueError unless the candidates are finite positive learning rates, patience is at
+    least one epoch and the guard's margin is not negative."""
+    if lrs is not None:
+        if not lrs:
             raise ValueError("selection needs at least one learning rate")
-        for lr in self.lrs:
+        for lr in lrs:
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate {lr!r} must be a finite number above 0")
-        if self.patience < 1:
-            raise ValueError(f"patience must be at least 1 epoch, got {self.patience}")
-        if self.margin_windows < 0:
-            raise ValueError(f"the guard's margin must be >= 0 windows, got {self.margin_windows}")
+    if patience < 1:
+        raise ValueError(f"patience must be at least 1 epoch, got {patience}")
+    if margin_windows < 0:
+        raise ValueError(f"the guard's margin must be >= 0 windows, got {margin_windows}")
+
+
+def test_accuracy(logits: np.ndarray, y) -> tuple[float, str]:
+    """Accuracy of per-sample logits against labels (an array or SampleArray), and which
+    windows were right as a string of 0/1 in order (for paired statistics)."""
+    right = logits.argmax(-1) == np.asarray(y[:])
+    return float(right.mean()), "".join("1" if r else "0" for r in right)
 
 
 def lr_grid(lr: float, factors=(1 / 3, 1.0, 3.0)) -> tuple[float, ...]:

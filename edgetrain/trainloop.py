@@ -30,18 +30,30 @@ from edgetrain.manifest import sha256_file
 from edgetrain.masks import UPDATERS
 from edgetrain.runtime import DeviceRuntime
 from edgetrain.samples import Rows
-from edgetrain.selection import Score, decide, lr_grid, record_epoch, score, stopped
+from edgetrain.selection import (Score, decide, lr_grid, record_epoch, score, stopped,
+                                 test_accuracy)
 from edgetrain.shuffle import Shuffle
 from edgetrain.userdata import first_per_class
 
 SELECT_DIR = "select"  # in the run folder: start (the candidates' weights), best
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: the weights can no longer improve."""
+
+
+class Interrupted(RuntimeError):
+    """SIGTERM or SIGINT arrived: a resume point was written at the current step."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, threads,
-        resume: bool, stop, errors) -> dict:
+        resume: bool, stop) -> dict:
     """Train `artifact` on one user's data in a runtime capped at `budget_bytes`; returns the
-    fields of a PersonaliseResult. `errors`: (TrainingDiverged, Interrupted) to raise."""
-    diverged, interrupted = errors
+    fields of a PersonaliseResult."""
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
     fingerprint = resume_points.run_fingerprint(
@@ -95,7 +107,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         sel = {"candidate": 0, "since_best": 0, "history": []}
         before = None
         if test_feed is not None:
-            before, sel["test_correct_before"] = _accuracy(evaluate_on(test_feed), test[1])
+            before, sel["test_correct_before"] = test_accuracy(evaluate_on(test_feed), test[1])
         if val_feed is not None:
             sel["population"] = score(evaluate_on(val_feed), val[1][:]).to_dict()
         if adapt:  # label-free: every personalisation window, labelled or not, feeds the stats
@@ -156,7 +168,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                     idx = at(s * k + j)
                     loss = rt.train_micro_batch(feed.inputs(idx), feed.labels(idx))
                     if not math.isfinite(loss):  # before the step that would spread it
-                        raise diverged(
+                        raise TrainingDiverged(
                             f"training diverged: the loss is {loss} at optimizer step "
                             f"{steps + 1} (learning rate {lrs[c]:g}); {out} keeps its last good "
                             "resume point (nothing after it was saved). Lower the learning rate"
@@ -180,7 +192,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                     _prune_best(out, sel_dir)
                 if stop.signum is not None:
                     name = signal.Signals(stop.signum).name
-                    raise interrupted(f"stopped by {name} after optimizer step {steps}; a resume "
+                    raise Interrupted(f"stopped by {name} after optimizer step {steps}; a resume "
                                       f"point was written there: rerun with --resume to finish "
                                       f"({out})", stop.signum)
                 if progress:
@@ -198,7 +210,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     infer_path = rt.export_inference(out / names.RUN_INFERENCE_MODEL)
     if test_feed is not None:
         logits = evaluate_on(test_feed)
-        after, correct_after = _accuracy(logits, test[1])
+        after, correct_after = test_accuracy(logits, test[1])
         rt.release_training()  # the inference check's weights go where training's were
         infer = test_feed.sample_logits(lambda xb: rt.inference_logits(infer_path, xb), b)
         agreement = float((infer.argmax(-1) == logits.argmax(-1)).mean())
@@ -214,12 +226,6 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         guard=decision.to_dict() if decision else None, history=sel["history"],
         adapt=config.adapt, labels_per_class=config.labels_per_class,
         test_correct_before=sel.get("test_correct_before"), test_correct_after=correct_after)
-
-
-def _accuracy(logits: np.ndarray, y) -> tuple[float, str]:
-    """Accuracy, and which windows were right as a string of 0/1 (for paired statistics)."""
-    right = logits.argmax(-1) == np.asarray(y[:])
-    return float(right.mean()), "".join("1" if r else "0" for r in right)
 
 
 def _save(rt: DeviceRuntime, path: Path) -> str:

@@ -45,6 +45,10 @@ class Plan:
     # ORT intra-op threads the runtime runs with (unless told otherwise); the predicted peak
     # is for this count, so it is the same whichever machine exported the artifact.
     threads: int = DEFAULT_THREADS
+    # what trains (exporters/updateplans.py): "all", "head", "bias", "last:K", parameter names
+    # or prefixes, comma-separated; "names" when given as a list. The manifest's `trainable`
+    # holds the tensors it resolved to.
+    update: str = "all"
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,27 @@ def constant_bytes(data: bytes) -> int:
     """Bytes of the main graph's stored tensors (stored_tensor_bytes): a session holds these;
     exporting a model for inference turns Constant nodes into initializers."""
     return sum(stored_tensor_bytes(data))
+
+
+_TENSOR_RAW_DATA = 9
+
+
+def initializer_data(data: bytes) -> dict[str, bytes]:
+    """name -> raw_data of each main-graph initializer that stores its values as raw bytes
+    (how ONNX Runtime writes float tensors). Raises MalformedOnnx."""
+    found: dict[str, bytes] = {}
+    for field, wire, graph in _fields(memoryview(data)):
+        if field != 7 or wire != 2:  # ModelProto.graph
+            continue
+        for gfield, gwire, item in _fields(graph):
+            if gfield != 5 or gwire != 2:  # GraphProto.initializer
+                continue
+            name = raw = None
+            for f, w, v in _fields(item):
+                if f == _TENSOR_NAME and w == 2:
+                    name = bytes(v).decode("utf-8", "replace")
+                elif f == _TENSOR_RAW_DATA and w == 2:
+                    raw = bytes(v)
+            if name is not None and raw is not None:
+                found[name] = raw
+    return found

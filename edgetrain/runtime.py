@@ -20,7 +20,7 @@ from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, 
 from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
-from edgetrain.onnxscan import constant_bytes
+from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
@@ -242,31 +242,27 @@ class DeviceRuntime:
                           x, self.micro_batch, self.manifest.num_classes)
 
     def open_inference(self, model_path: str | os.PathLike):
-        """A plain InferenceSession on an exported inference model, kept open. It has no
-        memory pattern (_late_session_options): its weights are allocations inside the cap."""
+        """An InferenceSession on an exported inference model, kept open: the file's stored
+        weights checked against the checkpoint's, the checkpoint's buffers bound as its
+        initializers, no graph optimisation (edgetrain/inference.py: no weight copies)."""
         if self._infer is None or self._infer[0] != str(model_path):
-            need = constant_bytes(Path(model_path).read_bytes())
-            if need > self.inference_bytes:
-                raise BudgetError(
-                    f"the inference model {model_path} holds {need} bytes of weights and "
-                    f"constants, more than the {self.inference_bytes} bytes this artifact's "
-                    "inference model holds; use the inference model this runtime exported",
-                    self.split.budget_bytes if self.split else 0, None)
             self._infer = None
+            tensors = [t.name for t in self.manifest.trainable + self.manifest.frozen]
+            check_stored_weights(Path(model_path), self.state.parameters, tensors,
+                                 self.inference_bytes)  # ValueError (MalformedOnnx is one)
             try:
-                self._infer = (str(model_path), self._ort.InferenceSession(
-                    str(model_path), self._late_session_options(),
-                    providers=["CPUExecutionProvider"]))
+                self._infer = (str(model_path), *open_bound_session(
+                    self._ort, Path(model_path), self._late_session_options(),
+                    self.state.parameters, tensors))
             except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
                 raise self._translate(e, "loading the inference model") from e
         return self._infer[1]
 
     def inference_logits(self, model_path: str | os.PathLike, x: np.ndarray) -> np.ndarray:
-        """Logits of an exported inference model (open_inference), in fixed micro-batches."""
+        """Logits of an exported inference model (open_inference), one sample at a time."""
         sess, name = self.open_inference(model_path), self.manifest.input.name
         try:
-            return run_padded(lambda xb: sess.run(None, {name: xb})[0], x, self.micro_batch,
-                              self.manifest.num_classes)
+            return one_at_a_time(lambda xb: sess.run(None, {name: xb})[0], x)
         except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, "the inference model") from e
 

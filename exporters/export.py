@@ -30,6 +30,8 @@ from exporters.recompute import plan_and_rewrite
 from exporters.rewrites import rewrite_for_training
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
 from exporters.sparse import dense_reasons, sparsify
+from exporters import updateplans
+from exporters.updateplans import first_use
 
 
 # A recompute plan must save at least one MLAS convolution buffer per thread (16384 floats):
@@ -46,12 +48,15 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     freeze_batchnorm: bool = False, recompute: str = "none",
                     recompute_budget_bytes: int | None = None, density: float = 1.0,
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
-                    mask_seed: int = 0, layout: str | None = None) -> Manifest:
+                    mask_seed: int = 0, layout: str | None = None,
+                    update: str | None = None) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
     trainable: fully-qualified parameter names to train (default: every parameter); all other
     parameters and floating-point buffers are frozen.
+    update: an update plan instead of `trainable` (exporters/updateplans.py: "all", "head",
+    "bias", "last:K", names or module prefixes, comma-separated); recorded in the plan.
     freeze_batchnorm: train with BatchNorm as a fixed affine map (running statistics frozen,
     weight and bias still trainable), as fine-tuning on small micro-batches wants; the
     tensors keep their names. Otherwise BatchNorm uses batch statistics and updates its
@@ -75,7 +80,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                                 freeze_batchnorm=freeze_batchnorm, recompute=recompute,
                                 recompute_budget_bytes=recompute_budget_bytes,
                                 density=density, mask_allocation=mask_allocation,
-                                mask_init=mask_init, mask_seed=mask_seed, layout=layout)
+                                mask_init=mask_init, mask_seed=mask_seed, layout=layout,
+                                update=update)
         _replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -100,20 +106,23 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                  trainable, plan: Plan, lr: float, model_name: str, image_shape, preprocess,
                  preprocess_args, provenance, freeze_batchnorm: bool, recompute: str,
                  recompute_budget_bytes, density: float, mask_allocation: str, mask_init: str,
-                 mask_seed: int, layout: str | None) -> Manifest:
+                 mask_seed: int, layout: str | None, update: str | None) -> Manifest:
     """export_artifact's work, written into the (empty, temporary) folder `out`."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
+    if update is not None and trainable is not None:
+        raise ValueError("give an update plan or a list of trainable names, not both")
     model = rewrite_for_training(model)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
+    dense_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     model, masks = sparsify(model, density, mask_allocation, mask_init, mask_seed)
     masked = {m.weight: m.values for m in masks}
-    if trainable is not None:  # a masked weight trains as its kept values
-        trainable = [masked.get(n, n) for n in trainable]
-    plan = dataclasses.replace(plan, batchnorm="frozen" if freeze_batchnorm else "batch")
+    plan = dataclasses.replace(plan, batchnorm="frozen" if freeze_batchnorm else "batch",
+                               update=update or ("all" if trainable is None else "names"))
     params = dict(model.named_parameters())
-    trainable = list(params) if trainable is None else list(trainable)
+    # a masked weight trains as its kept values
+    trainable = list(params) if trainable is None else [masked.get(n, n) for n in trainable]
     unknown = [n for n in trainable if n not in params]
     if unknown:
         raise ValueError(f"trainable names {unknown} are not parameters of the model; "
@@ -131,6 +140,15 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                            ("CHW" if len(sample_shape) == 3 else ""))
     fwd = torch_to_onnx(model, example_input, saved)
     check_operators(fwd)
+    if update is not None:
+        use = first_use(fwd.graph, [masked.get(n, n) for n in dense_shapes])
+        trainable = updateplans.resolve(
+            update, dense_shapes, {n: use[masked.get(n, n)] for n in dense_shapes})
+        trainable = [masked.get(n, n) for n in trainable]  # a masked weight trains as its values
+        frozen = [n for n in params if n not in trainable] + list(buffers)
+        if not trainable:
+            raise ValueError(f"update plan {update!r} trains no parameter of this model; choose "
+                             "one that does (all, head, last:K or parameter names)")
 
     log: list[str] = []
     try:

@@ -216,8 +216,10 @@ def batch_inputs(spec, signals: np.ndarray, windows: np.ndarray, patches: np.nda
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
-                 **mask_options) -> Manifest:
+                 update: str | None = None, **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
+
+    update: the update plan (exporters/updateplans.py); None trains every parameter.
 
     mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact);
     by default those of cfg.dst, whose kept weights are the only nonzero ones."""
@@ -240,5 +242,5 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
         preprocess_args=stats,
         provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")},
-        recompute=recompute, recompute_budget_bytes=recompute_budget_bytes, **shape,
-        **mask_options)
+        recompute=recompute, recompute_budget_bytes=recompute_budget_bytes, update=update,
+        **shape, **mask_options)

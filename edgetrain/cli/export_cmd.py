@@ -41,9 +41,16 @@ from edgetrain.manifest import DEFAULT_THREADS
               help="Per-layer densities: ERK, one global magnitude threshold, or uniform.")
 @click.option("--mask-init", type=click.Choice(["magnitude", "random"]), default="magnitude",
               show_default=True, help="Which weights the first mask keeps.")
+@click.option("--update", default="all", show_default=True, metavar="PLAN",
+              help="What trains on the device: all, head (the last layer), bias (biases and "
+                   "norm scales/shifts), last:K (the last K layers), or PyTorch parameter "
+                   "names / module prefixes; comma-separated items are joined. Frozen "
+                   "tensors get no gradient, no optimizer state, and below the lowest trained "
+                   "layer no saved activations.")
 @json_option
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
-           no_cache, recompute, device, budget, density, mask_allocation, mask_init, as_json):
+           no_cache, recompute, device, budget, density, mask_allocation, mask_init, update,
+           as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -67,13 +74,14 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
         m = export_named(cfg, out, plan, lr=lr,
                          cache_dir=None if no_cache else Path(".cache/pretrain"),
                          show_progress=not as_json, recompute=recompute,
-                         recompute_budget_bytes=budget_bytes, density=density,
+                         recompute_budget_bytes=budget_bytes, update=update, density=density,
                          mask_allocation=mask_allocation, mask_init=mask_init)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return
     click.echo(f"exported {m.model} to {out}: {len(m.trainable)} trainable tensors "
-               f"({m.trainable_bytes:,} bytes), {len(m.frozen)} frozen, {m.num_classes} classes")
+               f"({m.trainable_bytes:,} bytes, update plan {m.plan.update!r}), {len(m.frozen)} "
+               f"frozen, {m.num_classes} classes")
     if m.predicted.get("complete", True):
         click.echo(f"predicted peak at micro-batch {m.predicted['batch']} with "
                    f"{m.plan.threads} threads (a prediction): {mib(m.predicted['peak_bytes'])}")

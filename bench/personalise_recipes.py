@@ -25,7 +25,6 @@ markers `personalise-recipes` in docs/results.md.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 
 import numpy as np
@@ -34,6 +33,8 @@ import torch
 from common import ROOT, replace_table
 from personalise import FOLDS
 from edgetrain import data
+from exporters.hostfinetune import Inputs, evaluate, finetune
+from exporters.networks import build_network
 from exporters.pretrain import PretrainConfig, pretrain
 
 RECIPES = {"all weights": dict(lr=1e-4, which="all"),
@@ -61,59 +62,9 @@ def splits(recs, user: int, protocol: str):
     return cut(recs, user, 0, 0.5), cut(recs, user, 0.5, 0.75), cut(recs, user, 0.75, 1.0)
 
 
-class Inputs:
-    """A network's items per window: the standardised window, or its 49 GASF patches."""
-
-    def __init__(self, model: str, mean, scale):
-        self.patch = model.startswith("patch")
-        self.mean, self.scale = mean, scale
-
-    def __call__(self, x: np.ndarray) -> torch.Tensor:  # [N, items, ...]
-        if self.patch:
-            return torch.from_numpy(data.to_patches(data.gasf_images(x, self.mean, self.scale), 32))
-        w = data.standardised_windows(x, self.mean, self.scale).transpose(0, 2, 1)
-        return torch.from_numpy(np.ascontiguousarray(w))[:, None]
-
-
-def evaluate(m, X: torch.Tensor, y: torch.Tensor) -> tuple[float, int, np.ndarray]:
-    """Validation loss, windows right, and which, with logits averaged over a window's items."""
-    m.eval()
-    with torch.no_grad():
-        logits = torch.stack([m(X[i]).mean(0) for i in range(len(X))])
-    right = (logits.argmax(1) == y).numpy()
-    return torch.nn.functional.cross_entropy(logits, y).item(), int(right.sum()), right
-
-
-def finetune(pop, X, y, Xv, yv, lr: float, which: str, replay=None):
-    micro_batch = 32 if X.shape[1] > 1 else 8  # patches of a window, or whole windows
-    torch.manual_seed(SEED)
-    rng = np.random.default_rng(SEED)
-    m = copy.deepcopy(pop)
-    for n, p in m.named_parameters():
-        p.requires_grad_(which == "all" or n.startswith("classifier") or
-                         (which == "bias" and p.ndim == 1))
-    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr,
-                            weight_decay=1e-2)
-    best_loss, best_state, best_epoch = evaluate(m, Xv, yv)[0], copy.deepcopy(m.state_dict()), 0
-    items = np.array([(w, i) for w in range(len(y)) for i in range(X.shape[1])])
-    for epoch in range(1, EPOCHS + 1):
-        m.eval()  # BatchNorm as a fixed affine map, as the device trains it
-        for b in np.split(rng.permutation(len(items)), range(micro_batch, len(items), micro_batch)):
-            w, i = items[b].T
-            xb, yb = X[w, i], y[w]
-            if replay is not None:
-                rw = rng.integers(0, len(replay[1]), len(b))
-                xb = torch.cat([xb, replay[0][rw, rng.integers(0, X.shape[1], len(b))]])
-                yb = torch.cat([yb, replay[1][rw]])
-            loss = torch.nn.functional.cross_entropy(m(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        val_loss = evaluate(m, Xv, yv)[0]
-        if val_loss < best_loss:
-            best_loss, best_state, best_epoch = val_loss, copy.deepcopy(m.state_dict()), epoch
-    m.load_state_dict(best_state)
-    return m, best_epoch
+def trained_names(model: torch.nn.Module, which: str) -> set[str]:
+    return {n for n, p in model.named_parameters()
+            if which == "all" or n.startswith("classifier") or (which == "bias" and p.ndim == 1)}
 
 
 def main(model: str) -> None:
@@ -124,7 +75,8 @@ def main(model: str) -> None:
         pop, summary = pretrain(PretrainConfig(model=model, holdout_user=users[0],
                                                also_held_out=users[1:]),
                                 show_progress=False, cache_dir=ROOT / ".cache" / "pretrain")
-        inputs = Inputs(model, summary["channel_mean"], summary["channel_scale"])
+        inputs = Inputs(build_network(model, 1)[1], summary["channel_mean"],
+                        summary["channel_scale"])
         xp, yp = data.population_windows(recs, users)
         pick = np.random.default_rng(SEED).choice(len(yp), REPLAY_WINDOWS, replace=False)
         replay = (inputs(xp[pick]), torch.from_numpy(yp[pick]))
@@ -136,8 +88,9 @@ def main(model: str) -> None:
                 _, pop_val, _ = evaluate(pop, Xv, yv)
                 before = evaluate(pop, Xs, ys)[2]
                 for name, r in RECIPES.items():
-                    m, epoch = finetune(pop, X, yt, Xv, yv, r["lr"], r["which"],
-                                        replay if r.get("replay") else None)
+                    m, epoch = finetune(pop, X, yt, Xv, yv, r["lr"],
+                                        trained_names(pop, r["which"]), EPOCHS,
+                                        replay=replay if r.get("replay") else None, seed=SEED)
                     val, after = evaluate(m, Xv, yv)[1], evaluate(m, Xs, ys)[2]
                     kept = val < pop_val + 1  # the device's guard: one more window right
                     rows.append({"model": model, "user": user, "protocol": protocol,

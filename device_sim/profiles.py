@@ -26,6 +26,13 @@ class DeviceProfile:
 
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
     DeviceProfile(
+        name="mcu-256kb", ram_budget_bytes=192 * 1024, total_ram_bytes=256 * 1024,
+        description="Small wearable microcontroller (STM32F4/nRF52840-class: 256 KB SRAM); "
+                    "192 KiB for training after 64 KiB of firmware, RTOS and sensor buffers",
+        source="Nordic nRF52840 product specification: 256 KB RAM, Cortex-M4F at 64 MHz "
+               "(the class of MCUNetV3's 256 KB on-device training target)",
+        compute_flops_per_s=64e6 * 2, memory_bandwidth_bytes_per_s=64e6 * 4),
+    DeviceProfile(
         name="mcu-2mb", ram_budget_bytes=2 * MiB, total_ram_bytes=2 * MiB + 768 * 1024,
         description="Wearable microcontroller band (Ambiq Apollo4-class: 2.75 MB SRAM); "
                     "about 2 MB left for training after firmware and sensor buffers",

@@ -27,6 +27,7 @@ from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import Manifest, Plan
 from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
+from exporters import updatesearch
 from exporters.networks import build_network
 
 # Bump when pretraining code changes what it produces. 2: the initial weights are seeded
@@ -216,11 +217,13 @@ def batch_inputs(spec, signals: np.ndarray, windows: np.ndarray, patches: np.nda
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
-                 update: str | None = None, **mask_options) -> Manifest:
+                 update: str | None = None, update_budget_bytes: int | None = None,
+                 **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
 
-    update: the update plan (exporters/updateplans.py); None trains every parameter.
-
+    update: the update plan (exporters/updateplans.py); None trains every parameter; "auto"
+    searches for the plan that fits `update_budget_bytes` and helps most
+    (exporters/updatesearch.py; the search goes into the manifest's provenance).
     mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact);
     by default those of cfg.dst, whose kept weights are the only nonzero ones."""
     model, summary = pretrain(cfg, cache_dir, show_progress)
@@ -237,10 +240,31 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         plan = dataclasses.replace(plan, patch_size=spec.patch_size)
         shape = dict(image_shape=(3, spec.image_size, spec.image_size), preprocess="imu_gasf",
                      freeze_batchnorm=True)
-    return export_artifact(
-        model, spec.example_input(2, data.WINDOW_SAMPLES), out,
-        classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
-        preprocess_args=stats,
-        provenance={k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")},
-        recompute=recompute, recompute_budget_bytes=recompute_budget_bytes, update=update,
-        **shape, **mask_options)
+    provenance = {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
+
+    def export_one(chosen: str | None, folder) -> Manifest:
+        return export_artifact(
+            model, spec.example_input(2, data.WINDOW_SAMPLES), folder,
+            classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
+            preprocess_args=stats, provenance=provenance, recompute=recompute,
+            recompute_budget_bytes=recompute_budget_bytes, update=chosen, **shape,
+            **mask_options)
+
+    if update == "auto":
+        if update_budget_bytes is None:
+            raise ValueError("--update auto chooses what trains for a budget; give --device or "
+                             "--budget")
+
+        inner = updatesearch.inner_subjects(summary["population_subjects"])
+        inner_model, s = pretrain(dataclasses.replace(
+            cfg, also_held_out=(*cfg.also_held_out, *inner)), cache_dir, show_progress)
+
+        def score(names) -> float:
+            return updatesearch.contribution(inner_model, spec, s["channel_mean"],
+                                             s["channel_scale"], inner, names)
+
+        layers = sum(p.dim() >= 2 for p in model.parameters())
+        result = updatesearch.search(export_one, layers, update_budget_bytes, score, inner)
+        provenance["update_search"] = result.to_dict()
+        update = result.chosen
+    return export_one(update, out)

@@ -10,6 +10,21 @@ from edgetrain.cli.common import (budget_option, device_option, exit_on_device_e
 from edgetrain.manifest import DEFAULT_THREADS
 
 
+def record_measured_peak(out, m):
+    """Measure the artifact the update search chose (device_sim, the allocator) and record
+    the peak beside the search in the manifest's provenance."""
+    import dataclasses
+
+    from device_sim.measure import measure
+
+    peak = measure(out, m.plan.micro_batch, threads=m.plan.threads).peak_bytes
+    search = {**m.provenance["update_search"], "measured_peak_bytes": peak,
+              "measured_fits": peak <= m.provenance["update_search"]["budget_bytes"]}
+    m = dataclasses.replace(m, provenance={**m.provenance, "update_search": search})
+    m.write(out)
+    return m
+
+
 @click.command()
 @click.option("--model", "model_name", required=True,
               help="Built-in network: patch_mobilenet, mobilenet_v1, resnet50 (GASF images), "
@@ -64,9 +79,9 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
     onnxruntime.set_default_logger_severity(3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     _, budget_bytes = resolve_budget(device, budget)
-    if (recompute == "budget") != (budget_bytes is not None):
-        raise click.UsageError("--recompute budget needs --budget or --device, and they only "
-                               "apply to it")
+    if (recompute == "budget" or update == "auto") != (budget_bytes is not None):
+        raise click.UsageError("--recompute budget and --update auto need --budget or "
+                               "--device, and those apply only to them")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs)
@@ -74,8 +89,11 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
         m = export_named(cfg, out, plan, lr=lr,
                          cache_dir=None if no_cache else Path(".cache/pretrain"),
                          show_progress=not as_json, recompute=recompute,
-                         recompute_budget_bytes=budget_bytes, update=update, density=density,
+                         recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
+                         update=update, update_budget_bytes=budget_bytes, density=density,
                          mask_allocation=mask_allocation, mask_init=mask_init)
+        if update == "auto":  # the choice, measured by the allocator as the device runs it
+            m = record_measured_peak(Path(out), m)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return
@@ -87,6 +105,20 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                    f"{m.plan.threads} threads (a prediction): {mib(m.predicted['peak_bytes'])}")
     else:
         click.echo(f"predictor: {m.predicted['caveat']}; `edgetrain measure` gives the peak")
+    search = m.provenance.get("update_search")
+    if search:
+        click.echo(f"update search for a budget of {search['budget_bytes']:,} bytes (gains: host "
+                   f"replay on inner subjects {search['inner_users']}):")
+        for c in search["candidates"]:
+            peak = f"{c['predicted_peak_bytes']:,}" if c["predicted_peak_bytes"] else "no claim"
+            gain = f"{c['gain_points']:+.1f} points" if c["gain_points"] is not None else "-"
+            click.echo(f"  {'*' if c['update'] == search['chosen'] else ' '} {c['update']:<14} "
+                       f"trains {c['trainable_bytes']:>10,} B, predicted peak {peak:>11} B"
+                       f"{'' if c['fits'] else ' (over)':<7} gain {gain}")
+        click.echo(f"  chose {search['chosen']!r}: measured peak "
+                   f"{search['measured_peak_bytes']:,} bytes"
+                   + ("" if search["measured_fits"] else " - OVER the budget; use a smaller "
+                      "--micro-batch"))
     if m.masks:
         kept = sum(k.nnz for k in m.masks)
         click.echo(f"sparse: {len(m.masks)} masked weights keep {kept:,} of "

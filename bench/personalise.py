@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,19 +41,42 @@ DEVICE, MICRO_BATCH, EPOCHS = "watchos-extension", 8, 5
 RESULTS = ROOT / "bench" / "results"
 
 
-def rows_path(model: str) -> Path:
-    return RESULTS / f"personalise-{model}.jsonl"
+@dataclass(frozen=True)
+class Variant:
+    """A network as it ships to one device: what trains, its width, micro-batch and threads."""
+    model: str = "patch_mobilenet"
+    update: str = "all"
+    device: str = DEVICE
+    width: float | None = None
+    micro_batch: int = MICRO_BATCH
+    threads: int = 2
+
+    @property
+    def label(self) -> str:  # the network column of the tables
+        extra = [f"update {self.update}"] if self.update != "all" else []
+        extra += [f"width {self.width:g}"] if self.width is not None else []
+        extra += [self.device] if self.device != DEVICE else []
+        extra += [f"micro-batch {self.micro_batch}"] if self.micro_batch != MICRO_BATCH else []
+        return self.model + (f" ({', '.join(extra)})" if extra else "")
 
 
-def export_fold(model: str, users: tuple[int, int], out: Path) -> None:
+def rows_path(label: str) -> Path:
+    return RESULTS / f"personalise-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-')}.jsonl"
+
+
+def export_fold(v: Variant, users: tuple[int, int], out: Path) -> None:
     from edgetrain.manifest import Plan
     from exporters.pretrain import PretrainConfig, export_named
 
-    cfg = PretrainConfig(model=model, holdout_user=users[0], also_held_out=users[1:])
-    export_named(cfg, out, Plan(micro_batch=MICRO_BATCH), show_progress=False)
+    cfg = PretrainConfig(model=v.model, width=v.width, holdout_user=users[0],
+                         also_held_out=users[1:])
+    export_named(cfg, out, Plan(micro_batch=v.micro_batch, threads=v.threads),
+                 show_progress=False, cache_dir=ROOT / ".cache" / "pretrain",
+                 update=None if v.update == "all" else v.update)
 
 
-def main(model: str) -> None:
+def main(v: Variant) -> None:
+    model = v.label
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = rows_path(model)
     done = {(r["user"], r["mode"]) for r in _rows(path)}
@@ -61,15 +86,15 @@ def main(model: str) -> None:
             if not todo:
                 continue
             art = Path(tmp) / f"fold-{users[0]}"
-            export_fold(model, users, art)
+            export_fold(v, users, art)
             for user, mode in todo:
                 out = Path(tmp) / f"run-{user}-{mode.split()[0]}"
                 # one labelled window of each of 7 classes is 7 items for a raw-IMU network
                 # (a patch model cuts each window into 49 patches)
-                raw = model.startswith("imu_")
-                batch = 7 if raw and mode == "1 label/class" else MICRO_BATCH
+                raw = v.model.startswith("imu_")
+                batch = min(7, v.micro_batch) if raw and mode == "1 label/class" else v.micro_batch
                 r = json.loads(run("personalise", str(art), "--user", str(user), "--device",
-                                   DEVICE, "--micro-batch", str(batch), "--epochs",
+                                   v.device, "--micro-batch", str(batch), "--epochs",
                                    str(EPOCHS), "--out", str(out), "--json", *MODES[mode]))
                 row = {"model": model, "fold": list(users), "user": user, "mode": mode, **r}
                 with open(path, "a") as f:
@@ -178,11 +203,16 @@ def plot(models: list[str]) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", action="append", help="network(s); default patch_mobilenet")
+    ap.add_argument("--update", default="all", help="update plan the folds export with")
+    ap.add_argument("--device", default=DEVICE)
+    ap.add_argument("--width", type=float)
+    ap.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write tables and the plot")
     a = ap.parse_args()
-    models = a.model or ["patch_mobilenet"]
     if not a.report:
-        for m in models:
-            main(m)
-    report([m for m in ("patch_mobilenet", "imu_cnn", "imu_transformer")
-            if rows_path(m).is_file()])
+        for m in a.model or ["patch_mobilenet"]:
+            main(Variant(m, a.update, a.device, a.width, a.micro_batch, a.threads))
+    labels = [json.loads(p.read_text().splitlines()[0])["model"]
+              for p in sorted(RESULTS.glob("personalise-*.jsonl"))]
+    report(sorted(labels, key=lambda m: (m.split()[0] != "patch_mobilenet", m)))

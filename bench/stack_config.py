@@ -44,7 +44,9 @@ RECIPES = {
     "resnet50": NetRecipe("resnet50", epochs=3, batch=16, lr=1e-3, dst_epochs=1),
     "mobilenet_v1": NetRecipe("mobilenet_v1", epochs=5, batch=16, lr=2e-3, dst_epochs=1),
     "patch_mobilenet": NetRecipe("patch_mobilenet", epochs=8, batch=64, lr=3e-3, dst_epochs=2),
+    "imu_cnn": NetRecipe("imu_cnn", epochs=8, batch=64, lr=3e-3, dst_epochs=0),
 }
+UPDATE_DEVICES = {"mcu-2mb": 2 * 1024 * 1024}  # budgets an `auto:<device>` update plan fits
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class StackConfig:
     recompute: str  # exporters.recompute planner
     micro_batch: int  # items (images, or patches for C6) per micro-batch
     summary: str
+    # what trains (exporters/updateplans.py), or "auto:<device>": the update search's choice
+    # for that device's budget (exporters/updatesearch.py)
+    update: str = "all"
 
     @property
     def items_per_window(self) -> int:
@@ -67,7 +72,10 @@ class StackConfig:
         return items // self.micro_batch
 
     def key(self) -> str:
-        blob = json.dumps({"config": asdict(self), "recipe": asdict(RECIPES[self.network]),
+        config = asdict(self)
+        if self.update == "all":  # the rows from before update plans keep their names
+            del config["update"]
+        blob = json.dumps({"config": config, "recipe": asdict(RECIPES[self.network]),
                            "density": DENSITY, "held_out": HELD_OUT_USERS}, sort_keys=True)
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
@@ -84,7 +92,8 @@ class StackConfig:
         model: the first with the same network and sparsity. C2-C4 share C2's sweep, as they
         train the same model with the same mathematics (BatchNorm is frozen on the device, so
         micro-batching and recomputation change memory and time, not the update)."""
-        return next(x for x in STACK if x.network == self.network and x.sparse == self.sparse)
+        return next(x for x in STACK if (x.network, x.sparse, x.update) ==
+                    (self.network, self.sparse, self.update))
 
 
 STACK = [
@@ -94,6 +103,10 @@ STACK = [
     StackConfig("C4", "resnet50", True, "sqrt", 1, "+ micro-batching"),
     StackConfig("C5", "mobilenet_v1", True, "sqrt", 1, "MobileNetV1 (with C2-C4)"),
     StackConfig("C6", "patch_mobilenet", True, "sqrt", 1, "+ patching (32x32)"),
+    StackConfig("C7", "patch_mobilenet", True, "sqrt", 1, "+ sparse update (head only)",
+                update="head"),
+    StackConfig("C8", "imu_cnn", False, "none", 8, "raw-IMU 1-D CNN, the update plan that "
+                "fits mcu-2mb", update="auto:mcu-2mb"),
 ]
 
 
@@ -103,7 +116,7 @@ def pretrain_config(network: str, sparse: bool):
 
     r = RECIPES[network]
     dst = DstConfig(density=DENSITY, epochs=r.dst_epochs) if sparse else None
-    return PretrainConfig(model=network, width=1.0, holdout_user=HELD_OUT_USERS[-1],
+    return PretrainConfig(model=network, width=1.0 if network != "imu_cnn" else None, holdout_user=HELD_OUT_USERS[-1],
                           also_held_out=HELD_OUT_USERS[:-1], epochs=r.epochs, batch=r.batch,
                           lr=r.lr, dst=dst)
 

@@ -33,10 +33,15 @@ def stage_export(c: StackConfig) -> dict:
 
     onnxruntime.set_default_logger_severity(3)
     art = ARTIFACTS / c.key()
+    update, _, device = c.update.partition(":")
     m = export_named(pretrain_config(c.network, c.sparse), art,
                      Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
-                     lr=ARTIFACT_LR, show_progress=False, recompute=c.recompute)
+                     lr=ARTIFACT_LR, show_progress=False, recompute=c.recompute,
+                     update=None if update == "all" else update,
+                     update_budget_bytes=cfg.UPDATE_DEVICES.get(device))
     return {"artifact": str(art), "trainable_bytes": m.trainable_bytes,
+            "update": m.plan.update, "trainable": [t.name for t in m.trainable],
+            "update_search": m.provenance.get("update_search"),
             "masks": len(m.masks), "kept_weights": sum(k.nnz for k in m.masks),
             "masked_numel": sum(k.numel for k in m.masks),
             "checkpoints": len(m.plan.checkpoints), "recomputed": len(m.plan.recomputed),
@@ -47,7 +52,7 @@ def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str
     args = ["personalise", art, "--budget", "64GiB", "--out", str(out), "--lr", repr(lr),
             "--epochs", str(PERSONALISE["epochs"]), "--threads", "1", "--resume", "--json",
             "--no-select"]  # the stack's light recipe, as its tables were made
-    if c.sparse:
+    if c.sparse and c.update == "all":  # a frozen masked layer has no gradient to regrow by
         args += ["--mask-update", MASK_UPDATES["mask_update"],
                  "--mask-every", str(MASK_UPDATES["mask_every"]),
                  "--drop-fraction", str(MASK_UPDATES["drop_fraction"]),
@@ -105,7 +110,9 @@ def stage_fit(art: str) -> dict:
 
 
 def stage_peer(c: StackConfig) -> dict:
+    ex = saved(f"export-{c.key()}")
     spec = {"network": c.network, "width": 1.0, "density": DENSITY if c.sparse else 1.0,
+            "trainable": ex["trainable"] if c.update != "all" else None,
             "recompute": c.recompute, "micro_batch": c.micro_batch,
             "accumulation": c.accumulation, "patch": c.network == "patch_mobilenet",
             "steps": 3 if c.accumulation <= 64 else 1}  # C6: 1,568 eager micro-steps a step
@@ -116,7 +123,7 @@ def stage_peer(c: StackConfig) -> dict:
     return json.loads(p.stdout)
 
 
-NETWORK_ORDER = ("patch_mobilenet", "mobilenet_v1", "resnet50")  # cheapest first
+NETWORK_ORDER = ("imu_cnn", "patch_mobilenet", "mobilenet_v1", "resnet50")  # cheapest first
 
 
 def tasks(only: str | None, network: str | None = None):

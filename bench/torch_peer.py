@@ -17,6 +17,8 @@ How each technique is written in plain PyTorch, as a user of it would:
     blocks in round(sqrt(blocks)) segments (Chen et al.'s sqrt(n) plan).
   * micro-batching: gradient accumulation over `accumulation` backward passes.
   * BatchNorm frozen (eval mode, affine still trained), as the device trains it.
+  * an update plan ("trainable": the artifact's trained tensor names): every other parameter
+    has requires_grad False and no optimizer state, as a PyTorch user freezes layers.
 """
 from __future__ import annotations
 
@@ -51,8 +53,21 @@ class Head(nn.Module):
         return self.classifier(x.mean(dim=(2, 3)))
 
 
+class TimeHead(nn.Module):
+    """Global average pool over time then the classifier (the 1-D CNN's head)."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x.mean(dim=2))
+
+
 def blocks(model: nn.Module, network: str) -> nn.Sequential:
     """The network as a flat sequence of blocks (what checkpoint_sequential segments)."""
+    if network == "imu_cnn":
+        return nn.Sequential(*model.features, TimeHead(model.classifier))
     if network == "resnet50":
         return nn.Sequential(model.stem, model.pool, *[b for s in model.stages for b in s],
                              Head(model.classifier))
@@ -69,10 +84,14 @@ def build(spec: dict) -> nn.Sequential:
         for name, (module, attr) in masks.owners.items():
             nn.utils.prune.custom_from_mask(module, attr,
                                             masks.masks[name].view_as(masks.layers[name]))
+    if spec.get("trainable"):  # a masked weight trains as weight_orig behind its mask
+        trained = {n.removesuffix("_values") for n in spec["trainable"]}
+        for n, p in model.named_parameters():
+            p.requires_grad_(n.removesuffix("_orig") in trained)
     seq = blocks(model, spec["network"])
     seq.train()
     for m in seq.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             m.eval()
     return seq
 
@@ -82,10 +101,11 @@ def main() -> None:
     torch.set_num_threads(spec.get("threads", 2))
     torch.manual_seed(0)
     model = build(spec)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-4,
+                            weight_decay=1e-4)
     size = 32 if spec["patch"] else 224
     b, k = spec["micro_batch"], spec["accumulation"]
-    x = torch.randn(b, 3, size, size)
+    x = torch.randn(b, 6, 200) if spec["network"] == "imu_cnn" else torch.randn(b, 3, size, size)
     y = torch.randint(0, 7, (b,))
     segments = max(1, round(math.sqrt(len(model))))
     rss_before = rss_bytes("VmRSS")

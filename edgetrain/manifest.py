@@ -49,6 +49,9 @@ class Plan:
     # or prefixes, comma-separated; "names" when given as a list. The manifest's `trainable`
     # holds the tensors it resolved to.
     update: str = "all"
+    # frozen weights stored in 8 bits (exporters/quantize.py): PyTorch names; each is held as
+    # `<name>_int8` and `<name>_scale` and rebuilt by a DequantizeLinear node
+    frozen_int8: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class Manifest:
 
 def _plan(d: dict) -> Plan:
     d = dict(d)
-    for key in ("checkpoints", "recomputed"):
+    for key in ("checkpoints", "recomputed", "frozen_int8"):
         d[key] = tuple(d.get(key, ()))
     plan = Plan(**d)
     if not isinstance(plan.threads, int) or plan.threads < 1:

@@ -29,6 +29,7 @@ from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 from exporters.recompute import plan_and_rewrite
 from exporters.rewrites import rewrite_for_training
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
+from exporters.quantize import quantize_frozen_weights
 from exporters.sparse import dense_reasons, sparsify
 from exporters import updateplans
 from exporters.updateplans import first_use
@@ -49,7 +50,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     recompute_budget_bytes: int | None = None, density: float = 1.0,
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
                     mask_seed: int = 0, layout: str | None = None,
-                    update: str | None = None) -> Manifest:
+                    update: str | None = None, int8_frozen: bool = False) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -57,6 +58,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     parameters and floating-point buffers are frozen.
     update: an update plan instead of `trainable` (exporters/updateplans.py: "all", "head",
     "bias", "last:K", names or module prefixes, comma-separated); recorded in the plan.
+    int8_frozen: store frozen weights of two or more dims in 8 bits (exporters/quantize.py);
+    the plan lists them (`frozen_int8`).
     freeze_batchnorm: train with BatchNorm as a fixed affine map (running statistics frozen,
     weight and bias still trainable), as fine-tuning on small micro-batches wants; the
     tensors keep their names. Otherwise BatchNorm uses batch statistics and updates its
@@ -81,7 +84,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                                 recompute_budget_bytes=recompute_budget_bytes,
                                 density=density, mask_allocation=mask_allocation,
                                 mask_init=mask_init, mask_seed=mask_seed, layout=layout,
-                                update=update)
+                                update=update, int8_frozen=int8_frozen)
         _replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -106,7 +109,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                  trainable, plan: Plan, lr: float, model_name: str, image_shape, preprocess,
                  preprocess_args, provenance, freeze_batchnorm: bool, recompute: str,
                  recompute_budget_bytes, density: float, mask_allocation: str, mask_init: str,
-                 mask_seed: int, layout: str | None, update: str | None) -> Manifest:
+                 mask_seed: int, layout: str | None, update: str | None,
+                 int8_frozen: bool) -> Manifest:
     """export_artifact's work, written into the (empty, temporary) folder `out`."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
@@ -149,6 +153,14 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         if not trainable:
             raise ValueError(f"update plan {update!r} trains no parameter of this model; choose "
                              "one that does (all, head, last:K or parameter names)")
+    int8 = {}
+    if int8_frozen:
+        if masks:
+            raise ValueError("--int8-frozen stores dense frozen weights in 8 bits; a sparse "
+                             "artifact (--density below 1) is not supported")
+        int8 = quantize_frozen_weights(fwd, [n for n in frozen if n in params], saved)
+        frozen = [n for n in frozen if n not in int8] + [t for pair in int8.values() for t in pair]
+        plan = dataclasses.replace(plan, frozen_int8=tuple(int8))
 
     log: list[str] = []
     try:
@@ -199,7 +211,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         write_mask_grad_model(out / FILES[names.TRAINING_MODEL], masks,
                               out / files[names.MASK_GRAD_MODEL])
     stats = SIDE_FILES[names.BATCHNORM_STATS_MODEL]
-    if write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),
+    if not int8 and write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),
                                    INPUT_NAME):
         files[names.BATCHNORM_STATS_MODEL] = stats
 

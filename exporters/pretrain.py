@@ -28,6 +28,8 @@ from edgetrain.manifest import Manifest, Plan
 from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
 from exporters import updatesearch
+from exporters.hostfinetune import Inputs
+from exporters.quantize import fidelity
 from exporters.networks import build_network
 
 # Bump when pretraining code changes what it produces. 2: the initial weights are seeded
@@ -38,6 +40,7 @@ PRETRAIN_THREADS = 2  # torch threads while pretraining: sums in one order on ev
 # 2: the mask update is edgetrain.masks.mask_update, dropping round(fraction x nnz) weights
 #    per layer as the device does (1 dropped int(fraction x nnz)).
 DST_VERSION = 2
+FIDELITY_WINDOWS = 300  # population windows an int8 export is checked on
 
 
 @dataclass(frozen=True)
@@ -218,12 +221,14 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
                  update: str | None = None, update_budget_bytes: int | None = None,
-                 **mask_options) -> Manifest:
+                 int8_frozen: bool = False, **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
 
     update: the update plan (exporters/updateplans.py); None trains every parameter; "auto"
     searches for the plan that fits `update_budget_bytes` and helps most
     (exporters/updatesearch.py; the search goes into the manifest's provenance).
+    int8_frozen: frozen weights in 8 bits; their effect on the population model's accuracy
+    (FIDELITY_WINDOWS population windows) goes into the provenance.
     mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact);
     by default those of cfg.dst, whose kept weights are the only nonzero ones."""
     model, summary = pretrain(cfg, cache_dir, show_progress)
@@ -247,8 +252,8 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
             model, spec.example_input(2, data.WINDOW_SAMPLES), folder,
             classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
             preprocess_args=stats, provenance=provenance, recompute=recompute,
-            recompute_budget_bytes=recompute_budget_bytes, update=chosen, **shape,
-            **mask_options)
+            recompute_budget_bytes=recompute_budget_bytes, update=chosen,
+            int8_frozen=int8_frozen, **shape, **mask_options)
 
     if update == "auto":
         if update_budget_bytes is None:
@@ -267,4 +272,12 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         result = updatesearch.search(export_one, layers, update_budget_bytes, score, inner)
         provenance["update_search"] = result.to_dict()
         update = result.chosen
-    return export_one(update, out)
+    m = export_one(update, out)
+    if m.plan.frozen_int8:
+        xw, yw = data.population_windows(data.load_recordings(), cfg.held_out)
+        pick = np.random.default_rng(0).choice(len(yw), min(FIDELITY_WINDOWS, len(yw)), False)
+        inputs = Inputs(spec, summary["channel_mean"], summary["channel_scale"])
+        found = fidelity(model, m.plan.frozen_int8, inputs(xw[pick]), torch.from_numpy(yw[pick]))
+        m = dataclasses.replace(m, provenance={**m.provenance, "int8_frozen": found})
+        m.write(Path(out))
+    return m

@@ -23,22 +23,28 @@ def test_every_configuration_steps_on_the_same_number_of_windows():
 
 
 def test_the_stack_adds_one_technique_at_a_time():
-    """C1 uses none of the techniques, each next configuration changes exactly one, and the
-    last uses them all on the smallest network (the deck's stack, read from its rules rather
-    than restated)."""
+    """C1 uses none of the techniques, each next configuration up to C7 changes exactly one,
+    C6 uses the deck's four on the smallest image network and C7 adds a sparse update; C8 is
+    the raw-IMU network with an update plan (read from the rules rather than restated)."""
     def techniques(c) -> dict:
         return {"network": c.network, "sparse": c.sparse, "recompute": c.recompute != "none",
-                "micro-batching": c.micro_batch < stack_config.EFFECTIVE_BATCH * c.items_per_window}
+                "micro-batching": c.micro_batch < stack_config.EFFECTIVE_BATCH * c.items_per_window,
+                "update": c.update != "all"}
 
     stack = stack_config.STACK
-    for prev, cur in zip(stack, stack[1:]):
+    deck = [c for c in stack if c.network != "imu_cnn"]
+    assert [c.name for c in deck] == [f"C{i}" for i in range(1, 8)]
+    for prev, cur in zip(deck, deck[1:]):
         a, b = techniques(prev), techniques(cur)
         changed = [k for k in a if a[k] != b[k]]
         assert len(changed) == 1, (cur.name, changed)
-    first, last = techniques(stack[0]), techniques(stack[-1])
+    first, c6, c7 = techniques(deck[0]), techniques(deck[5]), techniques(deck[6])
     assert not (first["sparse"] or first["recompute"] or first["micro-batching"])
-    assert last["sparse"] and last["recompute"] and last["micro-batching"]
-    assert last["network"] == "patch_mobilenet" and len({c.key() for c in stack}) == len(stack)
+    assert c6["sparse"] and c6["recompute"] and c6["micro-batching"] and not c6["update"]
+    assert c6["network"] == "patch_mobilenet" and c7["update"]
+    c8 = stack[-1]
+    assert (c8.name, c8.network, c8.update) == ("C8", "imu_cnn", "auto:mcu-2mb")
+    assert len({c.key() for c in stack}) == len(stack)
 
 
 def row(peak: int, acc: float) -> dict:

@@ -62,10 +62,13 @@ def record_measured_peak(out, m):
                    "names / module prefixes; comma-separated items are joined. Frozen "
                    "tensors get no gradient, no optimizer state, and below the lowest trained "
                    "layer no saved activations.")
+@click.option("--int8-frozen", is_flag=True,
+              help="Store frozen weights (two or more dims) in 8 bits, one scale per output "
+                   "channel; the population model's accuracy with and without is recorded.")
 @json_option
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
            no_cache, recompute, device, budget, density, mask_allocation, mask_init, update,
-           as_json):
+           int8_frozen, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -90,7 +93,8 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                          cache_dir=None if no_cache else Path(".cache/pretrain"),
                          show_progress=not as_json, recompute=recompute,
                          recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
-                         update=update, update_budget_bytes=budget_bytes, density=density,
+                         update=update, update_budget_bytes=budget_bytes,
+                         int8_frozen=int8_frozen, density=density,
                          mask_allocation=mask_allocation, mask_init=mask_init)
         if update == "auto":  # the choice, measured by the allocator as the device runs it
             m = record_measured_peak(Path(out), m)
@@ -105,6 +109,12 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                    f"{m.plan.threads} threads (a prediction): {mib(m.predicted['peak_bytes'])}")
     else:
         click.echo(f"predictor: {m.predicted['caveat']}; `edgetrain measure` gives the peak")
+    if m.plan.frozen_int8:
+        f = m.provenance["int8_frozen"]
+        click.echo(f"int8: {len(m.plan.frozen_int8)} frozen weights in 8 bits; population "
+                   f"accuracy {f['accuracy_float32']:.3f} as float32, {f['accuracy_int8']:.3f} "
+                   f"in 8 bits ({f['windows']} population windows, predictions agree on "
+                   f"{f['agreement']:.1%})")
     search = m.provenance.get("update_search")
     if search:
         click.echo(f"update search for a budget of {search['budget_bytes']:,} bytes (gains: host "

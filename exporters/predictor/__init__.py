@@ -40,7 +40,8 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
-    "Cast", "Clip", "ConcatTraining", "Conv", "ConvGrad", "Div", "Dropout", "DropoutGrad",
+    "Cast", "Clip", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear", "Div", "Dropout",
+    "DropoutGrad",
     "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "GreaterOrEqual", "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual",

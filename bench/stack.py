@@ -3,11 +3,14 @@
     .venv/bin/python bench/stack.py                 # about 6 hours on 2 cores; resumable
     .venv/bin/python bench/stack.py --only pretrain  # just the population models
     .venv/bin/python bench/stack.py --network resnet50  # one network's stages only
+    .venv/bin/python bench/stack.py --network imu_cnn   # C8 alone, about 2 minutes
     .venv/bin/python bench/stack.py --report         # tables and plot from saved results
 
 C1 ResNet-50 -> C2 + dynamic sparse training -> C3 + gradient checkpointing -> C4 +
-micro-batching -> C5 MobileNetV1 (keeping C2-C4) -> C6 MobileNet on 32x32 patches. All three
-networks are the deck's tables at width 1.0, 7 classes. Every configuration takes optimizer
+micro-batching -> C5 MobileNetV1 (keeping C2-C4) -> C6 MobileNet on 32x32 patches -> C7 + a
+sparse update (C6 training its head only; its masks stay fixed). All three image networks are
+the deck's tables at width 1.0, 7 classes. C8 is the raw-IMU 1-D CNN with the update plan
+`export --update auto` chooses for mcu-2mb (docs/update-plans.md). Every configuration takes optimizer
 steps of EFFECTIVE_BATCH windows: C1-C3 as one micro-batch, C4-C5 as EFFECTIVE_BATCH
 micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x32 patch
 (the pixels of EFFECTIVE_BATCH windows).
@@ -53,7 +56,7 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only rebuild tables and plot")
     args = ap.parse_args()
     if not args.report:
-        forget_stale_groups()
+        forget_stale_groups(args.network)
         bar = tqdm(total=len(pending(args.only, args.network)), desc="stack", unit="task")
 
         def run(name: str, fn) -> None:

@@ -171,17 +171,26 @@ def report() -> None:
         plot(rs, ROOT / "docs" / "img" / "stack.png")
     done = {r["config"] for r in rs}
     pending = [c.name for c in STACK if c.name not in done]
-    lines = headline(rs) if not pending else [
+    deck = [f"C{i}" for i in range(1, 7)]
+    lines = headline(rs) if not set(deck) & set(pending) else [
         f"**Pending: {', '.join(pending)}.** The rows above are measured; the headline "
-        "(C1 → C6 cut and accuracy change) is written when every configuration has run. "
+        "(C1 → C6 cut and accuracy change) is written when C1-C6 have run. "
         "`.venv/bin/python bench/stack.py` resumes where the last run stopped."]
+    if pending and lines[0].startswith("**Headline"):
+        lines += ["", f"**Pending: {', '.join(pending)}.** `.venv/bin/python bench/stack.py` "
+                  "runs them (a network whose cached models are gone starts again from "
+                  "pretraining)."]
     replace_table(ROOT / "docs" / "results.md", lines, "stack-reading")
     print("\n".join(lines))
 
 
 def headline(rs: list[dict]) -> list[str]:
     """The acceptance figures, computed from the rows (seed: >= 82x for <= 3.3 points)."""
-    c1, c4, c6 = rs[0], rs[3], rs[5]
+    by = {r["config"]: r for r in rs}
+    c1, c4, c6 = by["C1"], by["C4"], by["C6"]
+    best = min(rs, key=lambda r: r["peak_bytes"])
+    best_cut = c1["peak_bytes"] / best["peak_bytes"]
+    best_delta = 100 * (best["accuracy_after_mean"] - c1["accuracy_after_mean"])
     cut = c1["peak_bytes"] / c6["peak_bytes"]
     drop = 100 * (c1["accuracy_after_mean"] - c6["accuracy_after_mean"])
     verdict = ("meets" if cut >= 82 and drop <= 3.3 else "misses") + " the seed's bar (≥ 82× " \
@@ -196,12 +205,17 @@ def headline(rs: list[dict]) -> list[str]:
         "",
         f"* Memory techniques on one network (C1 → C4, ResNet-50): "
         f"{c1['peak_bytes'] / c4['peak_bytes']:,.1f}× "
-        f"(sparse {c1['peak_bytes'] / rs[1]['peak_bytes']:.2f}×, then checkpointing "
-        f"{rs[1]['peak_bytes'] / rs[2]['peak_bytes']:.2f}×, then micro-batching "
-        f"{rs[2]['peak_bytes'] / c4['peak_bytes']:.2f}×).",
+        f"(sparse {c1['peak_bytes'] / by['C2']['peak_bytes']:.2f}×, then checkpointing "
+        f"{by['C2']['peak_bytes'] / by['C3']['peak_bytes']:.2f}×, then micro-batching "
+        f"{by['C3']['peak_bytes'] / c4['peak_bytes']:.2f}×).",
         f"* Network change (C4 → C6): {c4['peak_bytes'] / c6['peak_bytes']:,.1f}× "
-        f"(MobileNetV1 {c4['peak_bytes'] / rs[4]['peak_bytes']:.2f}×, then patches "
-        f"{rs[4]['peak_bytes'] / c6['peak_bytes']:.2f}×).",
+        f"(MobileNetV1 {c4['peak_bytes'] / by['C5']['peak_bytes']:.2f}×, then patches "
+        f"{by['C5']['peak_bytes'] / c6['peak_bytes']:.2f}×).",
+        f"* The smallest row, {best['config']} ({best['network']}, {best['summary']}): "
+        f"{best_cut:,.0f}× below C1 ({best['peak_bytes']:,} bytes) at {best_delta:+.1f} points "
+        f"against C1's accuracy ({best['accuracy_after_mean']:.3f}); the issue-19 bar (≥ 1,000× "
+        f"with accuracy no lower than C1's) is "
+        f"{'met' if best_cut >= 1000 and best_delta >= 0 else 'missed'}.",
         f"* Time: a step of {EFFECTIVE_BATCH} windows takes {c1['step_time_s']:.2f} s at C1 and "
         f"{c6['step_time_s']:.2f} s at C6 on this machine; PyTorch eager takes "
         f"{c1['torch_step_time_s']:.2f} s and {c6['torch_step_time_s']:.2f} s for the same steps.",

@@ -170,13 +170,14 @@ def group_names(network: str) -> list[str]:
             if n.startswith(f"pretrain-{network}-") or any(k in n for k in keys)]
 
 
-def forget_stale_groups() -> list[str]:
+def forget_stale_groups(network: str | None = None) -> list[str]:
     """Saved results travel with the repository; the models and artifacts they name live in
     .cache and may not (another machine). A network whose stages are not all done and whose
     saved pretraining or export lost its file starts over from pretraining, so that every
-    row comes from one model. Returns the result names forgotten."""
+    row comes from one model. Only `network` (None: every network) is looked at: a run of
+    one network never forgets another's results. Returns the result names forgotten."""
     forgotten = []
-    for net in NETWORK_ORDER:
+    for net in (n for n in NETWORK_ORDER if network in (None, n)):
         results = {n: saved(n) for n in group_names(net)}
         if all(results.values()):
             continue  # finished: nothing will read its files again

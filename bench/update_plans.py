@@ -6,7 +6,8 @@
 For the patch MobileNet and the raw-IMU 1-D CNN (population models of held-out user 10), at
 micro-batch 8 and 2 threads: every plan of PLANS exported with `edgetrain export --update`,
 then `edgetrain measure` (the personalisation cycle as a user runs it, selection included).
-Then the smallest tier: the 1-D CNN at width 0.25 training its head, micro-batch 2, one
+Then the 1-D CNN's head plan with its frozen weights in 8 bits (`--int8-frozen`), and the
+smallest tier: the 1-D CNN at width 0.25 training its head, micro-batch 2, one
 thread, on `mcu-256kb`. Last, the update search (`export --update auto`) of the 1-D CNN for
 `watchos-extension` (every plan fits, so every plan is scored) and for `mcu-2mb`.
 Results: bench/results/update_plans.json; tables in docs/update-plans.md; pictures
@@ -31,14 +32,16 @@ DOC = ROOT / "docs" / "update-plans.md"
 
 
 def export_and_measure(tmp: Path, model: str, update: str, batch: int = 8, threads: int = 2,
-                       width: float | None = None, device: str | None = None) -> dict:
-    out = tmp / f"{model}-{update.replace(':', '-').replace(',', '+')}-{width}"
+                       width: float | None = None, device: str | None = None,
+                       int8: bool = False) -> dict:
+    out = tmp / f"{model}-{update.replace(':', '-').replace(',', '+')}-{width}-{int8}"
     args = ["export", "--model", model, "--update", update, "--micro-batch", str(batch),
-            "--threads", str(threads), "--out", str(out), "--json"]
+            "--threads", str(threads), "--out", str(out), "--json",
+            *(["--int8-frozen"] if int8 else [])]
     m = json.loads(run(*args, *(["--width", str(width)] if width else [])))
     meas = json.loads(run("measure", str(out), "--batch", str(batch), "--threads",
                           str(threads), "--json", *(["--device", device] if device else [])))
-    return {"model": model, "width": width, "update": update, "batch": batch,
+    return {"model": model, "width": width, "update": update, "batch": batch, "int8": int8,
             "threads": threads, "device": device, "trainable": len(m["trainable"]),
             "trainable_bytes": sum(4 * _numel(t["shape"]) for t in m["trainable"]),
             "predicted_peak_bytes": m["predicted"]["peak_bytes"],
@@ -60,6 +63,7 @@ def main() -> None:
                 rows.append(export_and_measure(Path(tmp), model, update))
                 print(json.dumps({k: rows[-1][k] for k in ("model", "update", "peak_bytes")}),
                       flush=True)
+        rows.append(export_and_measure(Path(tmp), "imu_cnn", "head", int8=True))
         s = SMALLEST
         rows.append(export_and_measure(Path(tmp), s["model"], s["update"], s["batch"],
                                        s["threads"], s["width"], s["device"]))
@@ -82,6 +86,7 @@ def report() -> None:
                      and a["width"] == r["width"]), None)
         b = r["breakdown"]
         name = r["model"] + (f" width {r['width']:g}, {r['threads']} thread" if r["width"] else "")
+        name += ", frozen weights in int8" if r.get("int8") else ""
         lines.append(
             f"| {name} | `{r['update']}` | {r['batch']} | {r['trainable_bytes']:,} | "
             f"{r['peak_bytes']:,} | {100 * (r['predicted_peak_bytes'] / r['peak_bytes'] - 1):+.1f}% | "
@@ -112,7 +117,8 @@ def plot(rows: list[dict], searches: dict) -> None:
     cats = ("parameters", "gradients", "optimizer_state", "activations", "other")
     fig, axes = plt.subplots(1, len(NETWORKS), figsize=(11, 3.8))
     for ax, model in zip(axes, NETWORKS):
-        rs = [r for r in rows if r["model"] == model and r["width"] is None]
+        rs = [r for r in rows if r["model"] == model and r["width"] is None
+              and not r.get("int8")]
         bottom = [0.0] * len(rs)
         for cat in cats:
             vals = [r["breakdown"][cat] / 2 ** 20 for r in rs]

@@ -71,8 +71,10 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                          "is dense: export it with --density below 1")
     adapt = config.adapt == "bn"
     if adapt and names.BATCHNORM_STATS_MODEL not in m.files:
-        raise ValueError(f"--adapt bn re-estimates BatchNorm statistics; {artifact} has no "
-                         "BatchNorm layer: run without --adapt")
+        why = ("stores frozen weights in 8 bits, which the statistics graph cannot read (export "
+               "it without --int8-frozen)" if m.plan.frozen_int8 else "has no BatchNorm layer")
+        raise ValueError(f"--adapt bn re-estimates BatchNorm statistics; {artifact} {why}: "
+                         "run without --adapt")
     labelled = train
     if config.labels_per_class:
         chosen = first_per_class(np.asarray(train[1][:]), config.labels_per_class)

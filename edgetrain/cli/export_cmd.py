@@ -125,6 +125,9 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
             click.echo(f"  {'*' if c['update'] == search['chosen'] else ' '} {c['update']:<14} "
                        f"trains {c['trainable_bytes']:>10,} B, predicted peak {peak:>11} B"
                        f"{'' if c['fits'] else ' (over)':<7} gain {gain}")
+        if max(c["gain_points"] for c in search["candidates"] if c["fits"]) <= 0:
+            click.echo("  no plan that fits helped the inner subjects (host replay); the "
+                       "device's guard decides per user whether personalising helps")
         click.echo(f"  chose {search['chosen']!r}: measured peak "
                    f"{search['measured_peak_bytes']:,} bytes"
                    + ("" if search["measured_fits"] else " - OVER the budget; use a smaller "

@@ -187,10 +187,10 @@ def test_resume_with_other_data(tiny_artifact, saved, tmp_path):
 
 
 # ---- the budget --------------------------------------------------------------------------------
-@pytest.mark.parametrize("budget, message", [
-    ("0", "budget must be a positive number of bytes, got 0"),
-    ("-5MB", "budget must be a positive number of bytes, got -5000000"),
-    ("1KiB", "below the model's parameters"),
+@pytest.mark.parametrize("budget, message, code", [
+    ("0", "'0' is not a positive number of bytes", 2),  # a usage mistake: 2 in every command
+    ("-5MB", "'-5MB' is not a positive number of bytes", 2),
+    ("1KiB", "below the model's parameters", 3),  # a real budget the model cannot fit
 ])
-def test_bad_budget(tiny_artifact, saved, budget, message):
-    refused(resume(tiny_artifact, saved, budget=budget), saved, message, code=3)
+def test_bad_budget(tiny_artifact, saved, budget, message, code):
+    refused(resume(tiny_artifact, saved, budget=budget), saved, message, code=code)

@@ -67,10 +67,10 @@ def test_usage_errors(tmp_path, tiny_artifact, npz):
     for extra in ([], ["--budget", "64MiB", "--device", "mcu-8mb"]):
         r = cli("export", "--model", "patch_mobilenet", "--out", tmp_path / "x",
                 "--recompute", "budget", *extra)
-        assert r.returncode == 2 and ("needs --budget or --device" in r.stderr
+        assert r.returncode == 2 and ("need --budget or --device" in r.stderr
                                       or "not both" in r.stderr), r.stderr
     r = cli("export", "--model", "patch_mobilenet", "--out", tmp_path / "x", "--budget", "1MB")
-    assert r.returncode == 2 and "only apply to it" in r.stderr
+    assert r.returncode == 2 and "apply only to them" in r.stderr
     assert not (tmp_path / "x").exists()
 
 

@@ -122,7 +122,8 @@ def test_personalise_fits_the_measured_peak_and_fails_cleanly_below(case):
     assert ok.returncode == 0, ok.stderr
     r = json.loads(ok.stdout)
     assert r["inference_agreement"] == 1.0 and r["torch_loaded"] is False
-    bad = cli(*run, "--budget", peak - 64 * 1024, "--out", case.root / "bad")
+    below = max(1, peak - 64 * 1024)  # a budget of 0 or less is a usage error (exit 2)
+    bad = cli(*run, "--budget", below, "--out", case.root / "bad")
     assert bad.returncode == 3, bad.stderr
     assert "Traceback" not in bad.stderr and "budget" in bad.stderr
     assert not (case.root / "bad" / "checkpoint").exists()

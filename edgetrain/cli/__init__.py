@@ -21,6 +21,7 @@ __all__ = ["main", "parse_bytes"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgetrain", message="%(prog)s %(version)s")
 def main():
     """On-device training for wearables: export, personalise and measure under a RAM budget."""
     install_from_env()  # EDGETRAIN_FAULT: the simulator's fault injection (device_sim/faults)

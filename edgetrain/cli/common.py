@@ -34,6 +34,9 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).lower() not in UNITS:
         raise click.BadParameter(f"{text!r} is not a byte size; write e.g. 8692224, 15MB or 16MiB")
     n = int(Fraction(m.group(1)) * UNITS[m.group(2).lower()])
+    if n <= 0:  # the same mistake, the same status (2) in every command
+        raise click.BadParameter(f"{text!r} is not a positive number of bytes: a budget must "
+                                 "be above 0; write e.g. 15MB or 16MiB, or use --device NAME")
     if n > MAX_BUDGET_BYTES:
         raise click.BadParameter(f"{text!r} is {n:.3g} bytes, beyond any device (at most "
                                  f"{MAX_BUDGET_BYTES} bytes, 256 TiB); write e.g. 16MB")

@@ -53,7 +53,8 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
         click.echo(json.dumps(doc, indent=2))
         return
     peak = doc["peak_bytes"]
-    click.echo(f"device: {device or 'uncapped'}  budget: {mib(budget_bytes)}")
+    where = device or ("capped by --budget" if budget_bytes is not None else "uncapped")
+    click.echo(f"device: {where}  budget: {mib(budget_bytes)}")
     click.echo(f"measured peak at batch {batch}: {mib(peak)}"
                + ("" if budget_bytes is None else
                   f"  ({'within' if peak <= budget_bytes else 'OVER'} budget)"))

@@ -61,6 +61,7 @@ class ResumeState:
     # on-device selection (edgetrain/trainloop.py): the candidate being trained, the scores,
     # the best so far, and the sha256 of select/start and select/best; None without selection
     selection: dict | None = None
+    run_settings: dict | None = None  # what run_sha256 hashes, readable (run_settings)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,15 +71,37 @@ def artifact_sha256(artifact: str | os.PathLike) -> str:
     return sha256_file(Path(artifact) / MANIFEST_NAME)
 
 
-def run_fingerprint(config: dict, x, y, test: tuple | None = None) -> str:
-    """Hash of what determines a run besides the artifact: config (with the thread count, which
-    changes ORT's sums), training data and test data, byte for byte."""
-    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    for a in (x, y, *(test or ())):  # arrays or SampleArrays, hashed a block at a time
+def data_sha256(*arrays) -> str:
+    """sha256 of arrays (or SampleArrays), dtype, shape and bytes, a block at a time."""
+    h = hashlib.sha256()
+    for a in arrays:
         h.update(str((np.dtype(a.dtype), tuple(a.shape))).encode())
         for _, block in blocks(a):
             h.update(np.ascontiguousarray(block).tobytes())
     return h.hexdigest()
+
+
+def run_settings(config: dict, x, y, checked: tuple = ()) -> dict:
+    """What determines a run besides the artifact, readable: the options (with the thread
+    count, which changes ORT's sums), and the sha256 of the training data and of the data it
+    is checked on (validation and test), byte for byte."""
+    return {"options": json.loads(json.dumps(config, sort_keys=True, default=str)),
+            "training data": data_sha256(x, y), "validation and test data": data_sha256(*checked)}
+
+
+def run_fingerprint(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def differences(before: dict | None, now: dict) -> str:
+    """What differs between the settings a run started with and these, in words."""
+    if before is None:
+        return "the run folder is from an older edgetrain, which did not record its settings"
+    said = [f"--{k.replace('_', '-')}: {before['options'].get(k)!r} then, {v!r} now"
+            for k, v in now["options"].items() if before["options"].get(k) != v]
+    said += [f"{k} (another file)" for k in ("training data", "validation and test data")
+             if before.get(k) != now[k]]
+    return "; ".join(said) or "nothing recorded differs"
 
 
 def has_progress(run: str | os.PathLike) -> bool:

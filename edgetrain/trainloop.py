@@ -56,9 +56,10 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     fields of a PersonaliseResult."""
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
-    fingerprint = resume_points.run_fingerprint(
-        {**config.fingerprint(), "threads": rt.threads}, *train, (*(val or ()), *(test or ())))
-    point, point_ckpt, set_aside = _resume_point(artifact, out, resume, fingerprint)
+    settings = resume_points.run_settings({**config.fingerprint(), "threads": rt.threads},
+                                          *train, (*(val or ()), *(test or ())))
+    fingerprint = resume_points.run_fingerprint(settings)
+    point, point_ckpt, set_aside = _resume_point(artifact, out, resume, settings)
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch
     k = config.accumulation_steps or m.plan.accumulation_steps
@@ -139,6 +140,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
             epoch, done_in_epoch, epoch_rng_state = epoch + 1, 0, rng.bit_generator.state
         resume_points.commit(out, rt.save_checkpoint, {
             "artifact_manifest_sha256": artifact_sha, "run_sha256": fingerprint,
+            "run_settings": settings,
             "steps": steps, "total_steps": total, "epoch": epoch,
             "step_in_epoch": done_in_epoch, "epoch_rng_state": epoch_rng_state,
             "mask_rng_state": mask_rng.bit_generator.state, "mask_updates": mask_updates,
@@ -266,7 +268,7 @@ def _check_select_files(sel_dir: Path, sel: dict) -> None:
                 "selection cannot continue. Start the run again in another --out folder")
 
 
-def _resume_point(artifact, out: Path, resume: bool, fingerprint: str):
+def _resume_point(artifact, out: Path, resume: bool, settings: dict):
     """(point, its checkpoint, where damaged points were set aside) for this run folder."""
     point = point_ckpt = set_aside = None
     if resume and resume_points.has_progress(out):  # else there is nothing yet: start fresh
@@ -281,12 +283,11 @@ def _resume_point(artifact, out: Path, resume: bool, fingerprint: str):
                 f"{point.artifact_manifest_sha256[:16]}…, {artifact} has "
                 f"{resume_points.artifact_sha256(artifact)[:16]}…); resume with the artifact "
                 "that started the run, or start a new run in another --out folder")
-        if point.run_sha256 != fingerprint:
+        if point.run_sha256 != resume_points.run_fingerprint(settings):
             raise resume_points.ResumeError(
-                f"{out} was started with other settings or other data; resume with the same "
-                "user data, test data and options (epochs, micro-batch, accumulation, seed, "
-                "learning rate, mask schedule, threads), or start a new run in another --out "
-                "folder")
+                f"{out} was started with other settings or other data "
+                f"({resume_points.differences(point.run_settings, settings)}); resume with the "
+                "same data and options, or start a new run in another --out folder")
     elif not resume and resume_points.has_progress(out):
         raise resume_points.ResumeError(
             f"{out} already holds the progress of a personalisation run; pass --resume to "

@@ -296,4 +296,8 @@ def test_resume_refuses_other_threads_or_test_data(tiny_artifact, saved, tmp_pat
     extra = [str(saved["data"]) if c == "TEST" else c for c in change]
     p = run(tiny_artifact, saved["data"], out, "--resume", *extra)
     clean(p, 2, "other settings or other data")
+    # ...and says which
+    said = "--threads: 2 then, 1 now" if change[0] == "--threads" else \
+        "validation and test data (another file)"
+    assert said in p.stderr, p.stderr
     assert kept(out) == before

@@ -6,8 +6,11 @@ PY     := $(VENV)/bin/python
 ET     := $(VENV)/bin/edgetrain
 DEVICE ?= watchos-extension
 USER_ID ?= 10
-BATCH  ?= 8
+# micro-batch; auto: the largest up to 8 that `edgetrain fit` confirms on DEVICE
+BATCH  ?= auto
 MODEL  ?= patch_mobilenet
+# what trains on the device (docs/update-plans.md): all, head, bias, last:K
+UPDATE ?= all
 
 .PHONY: setup demo test bench clean
 
@@ -24,10 +27,21 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(ET) devices
-	$(ET) export --model $(MODEL) --holdout-user $(USER_ID) --out artifacts/$(MODEL)
+	$(ET) export --model $(MODEL) --holdout-user $(USER_ID) --update $(UPDATE) --out artifacts/$(MODEL)
 	rm -rf runs/u$(USER_ID)  # the demo starts a fresh run (personalise never overwrites one)
-	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $(BATCH) --out runs/u$(USER_ID)
-	$(ET) measure artifacts/$(MODEL) --batch $(BATCH) --device $(DEVICE)
+	@B=$(BATCH); \
+	if [ "$$B" = auto ]; then \
+	  B=$$($(ET) fit artifacts/$(MODEL) --device $(DEVICE) --json | $(PY) -c 'import json, sys; f = json.load(sys.stdin); print(min(8, f["max_batch"])); f["max_batch"] or print(f["next_batch_error"], file=sys.stderr)') || exit $$?; \
+	fi; \
+	if [ "$$B" = 0 ]; then \
+	  echo "$(MODEL) cannot train on $(DEVICE) at any micro-batch (above: what one item needs)."; \
+	  echo "Try UPDATE=head (train the last layer only), MODEL=imu_cnn UPDATE=head, or a device"; \
+	  echo "with more RAM (edgetrain devices)."; \
+	  exit 0; \
+	fi; \
+	echo "micro-batch $$B"; \
+	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --out runs/u$(USER_ID) && \
+	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE)
 
 test: setup
 	$(PY) -m pytest

@@ -116,3 +116,12 @@ def test_mobilenet_v1_exports_and_measures(tmp_path):
     assert d["torch_loaded"] is False
     assert sum(d["breakdown"].values()) == d["peak_bytes"]
     assert d["breakdown"]["optimizer_state"] == 2 * d["breakdown"]["gradients"]
+
+
+def test_errors_under_json_are_json_too(tmp_path, tiny_artifact, npz):
+    r = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--budget", "1KiB",
+            "--out", tmp_path / "r", "--json")
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    err = json.loads(r.stdout)
+    assert err["exit_status"] == 3 and "below the model's parameters" in err["error"]
+    assert err["error"] in r.stderr  # the same words on stderr for a person

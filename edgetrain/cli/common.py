@@ -4,6 +4,7 @@ budget options, exit statuses, errors printed without a traceback, progress bars
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -60,8 +61,16 @@ def fixed_address_layout() -> None:
         reexec_with_fixed_layout()
 
 
+JSON_META = "edgetrain.json"  # click context meta: the command was given --json
+
+
 def fail(message: str, code: int) -> None:
+    """The error on stderr; under --json also as a JSON object on stdout (what a script
+    reads): {"error": message, "exit_status": code}."""
     click.echo(f"error: {message}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(JSON_META):
+        click.echo(json.dumps({"error": message, "exit_status": code}))
     sys.exit(code)
 
 
@@ -82,7 +91,15 @@ def budget_option(help_text: str = "RAM budget, e.g. 15MB or 8692224."):
     return click.option("--budget", type=Bytes(), help=help_text)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def _remember_json(ctx, _param, value):
+    ctx.meta[JSON_META] = bool(value)
+    return value
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_remember_json,
+    help="Print the result as JSON on stdout (an error too: {\"error\": ..., \"exit_status\": N}, "
+         "beside the line on stderr).")
 
 
 @contextlib.contextmanager

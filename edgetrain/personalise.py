@@ -84,7 +84,7 @@ class PersonaliseResult:
     inference_agreement: float | None  # fraction of test samples where both predict the same
     checkpoint: str
     inference_model: str
-    train_time_s: float
+    train_time_s: float  # this process's training (a resumed run: the steps since its resume point)
     torch_loaded: bool  # the device process must never load torch
     mask_method: str | None = None
     mask_updates: int = 0

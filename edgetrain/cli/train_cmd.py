@@ -123,8 +123,11 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     if r.damaged_resume_points_moved_to:
         click.echo(f"no resume point was intact: they are kept in "
                    f"{r.damaged_resume_points_moved_to}, and the run started again")
+    done_here = r.optimizer_steps - (r.resumed_from_step or 0)
     click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
-               f"{r.accumulation_steps} items ({r.train_items} items/epoch) in {r.train_time_s:.1f} s")
+               f"{r.accumulation_steps} items ({r.train_items} items/epoch)"
+               + (f"; this process trained the last {done_here} in {r.train_time_s:.1f} s"
+                  if r.resumed_from_step is not None else f" in {r.train_time_s:.1f} s"))
     if r.guard is not None:
         click.echo(r.guard["message"])
     if r.accuracy_before is not None:

@@ -126,37 +126,51 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
 
 
 def plot(rs: list[dict], path: Path) -> None:
+    """Three panels: each row's measured peak (log scale: the rows span 3,600x) with the
+    PyTorch peer beside it; what the peak is made of, as shares (linear, so a part's size reads
+    true); accuracy before and after personalisation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     from device_sim.measure import CATEGORIES
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, ax_share, ax2) = plt.subplots(1, 3, figsize=(15, 4.6),
+                                           gridspec_kw={"width_ratios": [1.1, 1, 1]})
     names = [r["config"] for r in rs]
-    bottom = [0.0] * len(rs)
-    for cat in CATEGORIES:
-        vals = [r["breakdown"][cat] / 1e6 for r in rs]
-        ax.bar(names, vals, bottom=bottom, label=cat.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.plot(names, [r["torch_peak_rss_bytes"] / 1e6 for r in rs], "kD--",
-            label="PyTorch eager peak RSS")
-    ax.set_yscale("log")  # the floor below the smallest first part, or log hides it
-    ax.set_ylim(bottom=0.5 * min(r["breakdown"][CATEGORIES[0]] for r in rs) / 1e6)
-    ax.set_ylabel("MB (log scale)")
-    ax.set_title(f"Peak training memory, {EFFECTIVE_BATCH} windows per step (measured)")
-    ax.legend(fontsize=8)
+    x = np.arange(len(rs))
+    ax.bar(x - 0.2, [r["peak_bytes"] / 1e6 for r in rs], 0.4, label="edgetrain (allocator)")
+    ax.bar(x + 0.2, [r["torch_peak_rss_bytes"] / 1e6 for r in rs], 0.4, color="0.6",
+           label="PyTorch eager (peak RSS)")
+    ax.set_yscale("log")
+    ax.set_xticks(x, names)
+    ax.set(ylabel="MB (log scale)",
+           title=f"Peak training memory, {EFFECTIVE_BATCH} windows per step")
     for i, r in enumerate(rs):
         if rs[0]["config"] == "C1":
-            ax.annotate(f"{rs[0]['peak_bytes'] / r['peak_bytes']:.0f}×",
-                        (i, r["peak_bytes"] / 1e6), ha="center", va="bottom", fontsize=8)
-    ax2.bar(names, [r["accuracy_after_mean"] for r in rs], color="tab:gray")
+            ax.annotate(f"{rs[0]['peak_bytes'] / r['peak_bytes']:,.0f}×",
+                        (i - 0.2, r["peak_bytes"] / 1e6), ha="center", va="bottom", fontsize=8)
+    ax.legend(fontsize=8)
+    bottom = np.zeros(len(rs))
+    for cat in CATEGORIES:
+        share = np.array([r["breakdown"][cat] / r["peak_bytes"] for r in rs])
+        ax_share.bar(names, share, bottom=bottom, label=cat.replace("_", " "))
+        bottom += share
+    ax_share.set(ylim=(0, 1), ylabel="share of the measured peak",
+                 title="What the peak is made of (linear)")
+    ax_share.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
+    ax2.bar(x - 0.2, [r["accuracy_before_mean"] for r in rs], 0.4, color="0.75",
+            label="population model")
+    ax2.bar(x + 0.2, [r["accuracy_after_mean"] for r in rs], 0.4, color="tab:blue",
+            label="after personalisation")
     for i, r in enumerate(rs):
-        ax2.plot([i] * len(r["accuracy_after"]), r["accuracy_after"], "k.", alpha=0.6)
-    ax2.set_ylim(0, 1)
-    ax2.set_title(f"Accuracy on held-out users {', '.join(map(str, HELD_OUT_USERS))} "
-                  "after personalisation")
+        ax2.plot([i + 0.2] * len(r["accuracy_after"]), r["accuracy_after"], "k.", alpha=0.6)
+    ax2.set_xticks(x, names)
+    ax2.set(ylim=(0, 1), title=f"Accuracy, users {', '.join(map(str, HELD_OUT_USERS))} "
+            "(dots: each user after)")
+    ax2.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

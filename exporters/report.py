@@ -1,8 +1,9 @@
 """Pictures of a training step's memory (host side, matplotlib).
 
 * timeline: bytes over the step's execution order, stacked by category. State parts are
-  exact; the activation curve is the static plan's live bytes (a prediction). The measured
-  peak and the budget are drawn as lines.
+  measured; activations are the static plan's (a prediction): the memory-pattern block ORT
+  allocates whole, the run-time allocations outside it, and a line for the block's live
+  bytes. Forward and backward are marked; the measured peak and the budget are lines.
 * graph: the forward part of the training graph, in the spirit of an autograd graph. Each
   node is annotated with the bytes of its output. Outputs that backward needs are *saved*
   (kept alive until their gradient is computed); the others are freed once consumed.
@@ -33,28 +34,46 @@ def _mib(n: float) -> str:
 
 def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: int,
                   budget_bytes: int | None, out: Path) -> Path:
-    """state: bytes of parameters, gradients, optimizer_state and other (flat bands)."""
+    """state: the measured bytes of parameters, gradients, optimizer_state and other (flat
+    bands). Activations are the static plan's (a prediction): the memory-pattern block, which
+    ORT allocates whole for the step, and the run-time allocations outside it over time; a
+    line shows how much of the block is live. Forward and backward are marked."""
     plan = plan_step(training_model, batch)
-    x = np.arange(len(plan.timeline))
-    bands = [np.full(len(x), state[k], dtype=float) for k in
-             ("parameters", "gradients", "optimizer_state", "other")]
-    bands.append(np.asarray(plan.timeline, dtype=float))
-    labels = ["parameters", "gradients", "optimizer state", "other",
-              "activations (predicted live)"]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.stackplot(x, [b / 2**20 for b in bands], labels=labels,
-                 colors=[COLORS[k] for k in ("parameters", "gradients", "optimizer_state",
-                                             "other", "activations")], alpha=0.85)
+    n = len(plan.timeline)
+    x = np.arange(n)
+    runtime = np.zeros(n)
+    for _, size, first, last in plan.dynamic:
+        runtime[first:last + 1] += size
+    keys = ("parameters", "gradients", "optimizer_state", "other")
+    bands = [np.full(n, state[k], dtype=float) for k in keys]
+    bands += [np.full(n, plan.pattern_bytes, dtype=float), runtime]
+    labels = [f"{k.replace('_', ' ')} {_mib(state[k])}" for k in keys]
+    labels += [f"activations: memory-pattern block {_mib(plan.pattern_bytes)} (predicted)",
+               f"activations: run-time allocations, at most {_mib(runtime.max())} (predicted)"]
+    colors = [COLORS[k] for k in keys] + [COLORS["activations"], "#e8a0a2"]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    ax.stackplot(x, [b / 2**20 for b in bands], labels=labels, colors=colors, alpha=0.9)
+    base = sum(state[k] for k in keys)
+    ax.plot(x, (base + np.asarray(plan.timeline)) / 2**20, color="black", lw=0.8,
+            label="of the block, live after each node")
     ax.axhline(measured_peak / 2**20, color="black", ls="--", lw=1.2,
-               label=f"measured peak {_mib(measured_peak)}")
+               label=f"measured peak {_mib(measured_peak)} (allocator)")
     if budget_bytes:
         ax.axhline(budget_bytes / 2**20, color="red", lw=1.5,
                    label=f"budget {_mib(budget_bytes)}")
+    backward = next((i for i, name in enumerate(plan.order) if "_Grad" in name), None)
+    top = max(measured_peak, budget_bytes or 0) / 2**20
+    if backward is not None:
+        ax.axvline(backward, color="0.3", lw=1, ls=":")
+        ax.text(backward / 2, top * 1.02, "forward", ha="center", fontsize=9)
+        ax.text((backward + n) / 2, top * 1.02, "backward (then the optimizer step)",
+                ha="center", fontsize=9)
+    ax.set_ylim(0, top * 1.1)
     ax.set_xlabel("node of the training step, in ORT's execution order")
     ax.set_ylabel("MiB")
     ax.set_title(f"Training step memory at batch {batch}")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_xlim(0, max(1, len(x) - 1))
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    ax.set_xlim(0, max(1, n - 1))
     fig.tight_layout()
     path = out / "timeline.png"
     fig.savefig(path, dpi=120)

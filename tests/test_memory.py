@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +80,11 @@ def test_measure_capped_at_device_reports_within_budget(tiny_artifact):
     r = measure_json(tiny_artifact, "--device", "mcu-2mb")
     assert r["budget_bytes"] == 2 * 1024 * 1024
     assert r["peak_bytes"] <= r["budget_bytes"]
+
+
+def test_plot_writes_the_timeline_and_the_graph(tiny_artifact, tmp_path):
+    doc = measure_json(tiny_artifact, "--budget", "4MiB", "--plot", tmp_path / "plots")
+    names = sorted(Path(p).name for p in doc["plots"])
+    assert names == ["graph.png", "timeline.png"]
+    for p in doc["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(p).stat().st_size > 10_000

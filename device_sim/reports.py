@@ -52,13 +52,15 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
                          "extra_flops_ratio": round(extra / max(1, cost.flops - extra), 4)},
            "predicted_device_step_time_s": device_time, "covers": COVERS}
     if plot_dir:
+        from exporters.graphview import write_graph_svg
         from exporters.report import plot_graph, plot_timeline  # matplotlib: only when asked
 
         out = Path(plot_dir)
         out.mkdir(parents=True, exist_ok=True)
         doc["plots"] = [str(plot_timeline(train, batch, r.breakdown, r.peak_bytes,
                                           budget_bytes, out)),
-                        str(plot_graph(train, batch, out))]
+                        str(plot_graph(train, batch, out)),
+                        str(write_graph_svg(train, batch, out))]
     return doc
 
 

@@ -85,6 +85,48 @@ def test_measure_capped_at_device_reports_within_budget(tiny_artifact):
 def test_plot_writes_the_timeline_and_the_graph(tiny_artifact, tmp_path):
     doc = measure_json(tiny_artifact, "--budget", "4MiB", "--plot", tmp_path / "plots")
     names = sorted(Path(p).name for p in doc["plots"])
-    assert names == ["graph.png", "timeline.png"]
-    for p in doc["plots"]:
+    assert names == ["graph.png", "graph.svg", "timeline.png"]
+    for p in doc["plots"][:2]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(p).stat().st_size > 10_000
+
+
+def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_total(tmp_path):
+    """The SVG graph view of a small two-block CNN: a box per block in execution order, the
+    bytes each box keeps for backward summing to the title's total, which is what the
+    forward analysis keeps (each kept output's shape x 4 bytes)."""
+    import xml.etree.ElementTree as ET
+
+    import numpy as np
+
+    from exporters.graph import load_graph, without_identities
+    from exporters.graphview import block_of, write_graph_svg
+    from exporters.predictor.shapes import runtime_shapes
+    from exporters.recompute import analyse
+    from test_update_plans import export
+
+    _, m = export(tmp_path, "all")
+    train = str(tmp_path / "all" / m.files["training_model"].path)
+    svg = ET.parse(write_graph_svg(train, 4, tmp_path)).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    boxes = [g for g in svg.iter(ns + "g") if g.get("class") == "block"]
+    # in execution order: the mean over time (outside any module) runs before the classifier
+    assert [g.get("data-block") for g in boxes] == ["block1", "block2", "(top level)",
+                                                    "classifier"]
+    assert sum(int(g.get("data-saved-bytes")) for g in boxes) == int(svg.get("data-saved-bytes"))
+    model, _ = without_identities(load_graph(train))
+    fwd, shapes = analyse(model), runtime_shapes(model, 4)
+    produced = {o for n in fwd.nodes for o in n.output}  # the graph's inputs are not nodes
+    kept = sum(int(np.prod(shapes[t][0])) * shapes[t][1] for t in fwd.saved & produced)
+    assert int(svg.get("data-saved-bytes")) == kept > 0
+    # every forward node is one square with a tooltip
+    squares = [r for r in svg.iter(ns + "rect") if r.get("class") == "node"]
+    assert len(squares) == len(fwd.nodes) and all(r.find(ns + "title") is not None
+                                                   for r in squares)
+    holds = {("stages",), ("stages", "stages.0"), ("stages", "stages.0", "stages.0.1"),
+             ("stages", "stages.0", "stages.0.1", "conv"), ("blocks",), ("blocks", "blocks.3"),
+             ("blocks", "blocks.3", "dw"), ("stem",)}
+    assert block_of("/stages/stages.0/stages.0.1/conv/conv.0/Conv", holds) == "stages.0.1"
+    assert block_of("/stages/stages.0/stages.0.1/Add", holds) == "stages.0.1"  # its own add
+    assert block_of("/blocks/blocks.3/dw/dw.0/Conv", holds) == "blocks.3"
+    assert block_of("/stem/stem.0/Conv", holds) == "stem"  # stem.0 is a leaf conv
+    assert block_of("/ReduceMean", holds) == "(top level)"

@@ -12,14 +12,20 @@ MODEL  ?= patch_mobilenet
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
 
-.PHONY: setup demo test bench clean
+.PHONY: setup venv-check demo test bench clean
 
-setup: $(VENV)/.installed
+setup: venv-check $(VENV)/.installed
+
+# A .venv made by another Python (edgetrain pins 3.11) is made again.
+venv-check:
+	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
+	  echo "$(VENV) was made with $$($(PY) --version); making it again with Python 3.11"; \
+	  rm -rf $(VENV); fi
 
 # seglearn is installed without its dependencies: edgetrain only reads the
 # recordings file it ships (pandas/scikit-learn/scipy are never imported).
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	python3.11 -m venv $(VENV) 2>/dev/null || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[export,dev]'
 	$(PY) -m pip install -q --no-deps seglearn==1.2.5
@@ -46,5 +52,5 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
-clean:
-	rm -rf artifacts runs .cache
+clean:  # everything make made: artifacts, runs, the pretraining cache and the .venv
+	rm -rf artifacts runs .cache $(VENV)

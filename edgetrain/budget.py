@@ -54,7 +54,8 @@ class BudgetError(RuntimeError):
 
 
 FIXES = ("a smaller --micro-batch (gradients accumulate to the same effective batch), "
-         "a recompute plan or sparsity at export, a narrower model (--width), "
+         "an update plan, a recompute plan or sparsity at export (--update head, --recompute, "
+         "--density), a narrower model (export --width, for the built-in networks), "
          "or a device profile with more RAM")
 
 

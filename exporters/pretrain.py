@@ -96,6 +96,13 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     signals = (data.standardised_windows(xw, mean, scale) if spec.input == "imu_window"
                else data.standardised_signals(xw, mean, scale, spec.image_size))
     partial = cached.with_suffix(".partial.pt") if cached is not None else None
+    if show_progress:  # say what is about to take long, and how to make it short
+        kept = (f"once: cached in {cache_dir}, and kept after every epoch, so Ctrl-C loses "
+                "only the current one" if cached is not None else "not cached: --no-cache")
+        tqdm.write(f"pretraining the {cfg.model} population model: {cfg.epochs} epoch"
+                   f"{'s' if cfg.epochs != 1 else ''} over {len(yw)} windows of subjects "
+                   f"{summary['population_subjects']} ({kept}); the bar shows the time left; "
+                   "--epochs 1 for a quick try", file=sys.stderr)
     threads = torch.get_num_threads()
     torch.set_num_threads(PRETRAIN_THREADS)
     try:

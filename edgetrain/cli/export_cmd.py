@@ -25,7 +25,7 @@ def record_measured_peak(out, m):
     return m
 
 
-@click.command()
+@click.command(options_metavar="--model NAME --out DIR [OPTIONS]")
 @click.option("--model", "model_name", required=True,
               help="Built-in network: patch_mobilenet, mobilenet_v1, resnet50 (GASF images), "
                    "imu_cnn, imu_transformer (raw IMU windows).")

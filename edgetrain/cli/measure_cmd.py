@@ -2,11 +2,13 @@
 reports (device_sim/reports.py); these commands only parse and print."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import click
 
 from device_sim.profiles import PROFILES
+from edgetrain.budget import BudgetError
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors,
                                   json_option, mib, resolve_budget)
 
@@ -22,7 +24,17 @@ def devices(as_json):
         click.echo(f"{p.name:18s} {p.ram_budget_bytes / 2**20:8.1f} MiB  {p.description}")
 
 
-@click.command()
+@contextlib.contextmanager
+def batch_not_micro_batch():
+    """measure's option is --batch: the budget error's advice says so."""
+    try:
+        yield
+    except BudgetError as e:
+        raise BudgetError(str(e).replace("a smaller --micro-batch", "a smaller --batch"),
+                          e.budget_bytes, e.needed_bytes) from e
+
+
+@click.command(options_metavar="--batch N [--device P | --budget BYTES] [OPTIONS]")
 @click.argument("artifact", type=click.Path())
 @click.option("--batch", type=int, required=True, help="Micro-batch (samples per step).")
 @device_option("Run capped at this profile.")
@@ -45,7 +57,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     from device_sim.reports import measure_report  # host side: reads the graphs with onnx
 
     device, budget_bytes = resolve_budget(device, budget)
-    with exit_on_device_errors():
+    with exit_on_device_errors(), batch_not_micro_batch():
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,
                              plot_dir=plot_dir, select=select, adapt=adapt)
@@ -77,13 +89,15 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
                              f"; predicted on {device} (roofline at peak): "
                              f"{device_time * 1e3:.1f} ms"))
     click.echo(f"step time on this machine: {doc['step_time_s'] * 1e3:.1f} ms "
-               f"({doc['threads']} threads); process peak RSS "
-               f"{mib(doc['process_peak_rss_bytes'])}; torch loaded: {doc['torch_loaded']}")
+               f"({doc['threads']} threads); torch loaded: {doc['torch_loaded']}")
+    click.echo(f"the measuring process's peak RSS: {mib(doc['process_peak_rss_bytes'])}, the "
+               "Python interpreter and ORT's code included (outside the budget, which covers "
+               "the training working set: docs/concepts.md, 'What lives outside the cap')")
     for path in doc.get("plots", []):
         click.echo(f"wrote {path}")
 
 
-@click.command()
+@click.command(options_metavar="(--device P | --budget BYTES) [OPTIONS]")
 @click.argument("artifact", type=click.Path())
 @device_option()
 @budget_option("Budget in bytes, e.g. 15MiB.")

@@ -42,7 +42,8 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
     return resolve_budget(device, budget)
 
 
-@click.command()
+@click.command(
+    options_metavar="(--user N | --data FILE) (--device P | --budget BYTES) --out DIR [OPTIONS]")
 @click.argument("artifact", type=click.Path())
 @user_run_options
 @click.option("--epochs", type=int, default=5, show_default=True,
@@ -153,7 +154,9 @@ def parse_lrs(text: str | None) -> tuple[float, ...] | None:
                                  "1e-4,3e-4,1e-3", param_hint="--lr-grid") from None
 
 
-@click.command("reset-bn")
+@click.command(
+    "reset-bn",
+    options_metavar="(--user N | --data FILE) (--device P | --budget BYTES) --out DIR [OPTIONS]")
 @click.argument("artifact", type=click.Path())
 @user_run_options
 @click.option("--samples", type=int, default=256, show_default=True,

@@ -56,15 +56,17 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     fields of a PersonaliseResult."""
     rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
     # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
-    settings = resume_points.run_settings({**config.fingerprint(), "threads": rt.threads},
-                                          *train, (*(val or ()), *(test or ())))
-    fingerprint = resume_points.run_fingerprint(settings)
-    point, point_ckpt, set_aside = _resume_point(artifact, out, resume, settings)
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch
     k = config.accumulation_steps or m.plan.accumulation_steps
-    rt.set_micro_batch(b)
     lr0 = config.lr if config.lr is not None else rt.optimizer.get_learning_rate()
+    # the values in force, not how they were given: the plan's micro-batch equals --micro-batch 8
+    effective = {**config.fingerprint(), "micro_batch": b, "accumulation_steps": k, "lr": lr0,
+                 "threads": rt.threads}
+    settings = resume_points.run_settings(effective, *train, (*(val or ()), *(test or ())))
+    fingerprint = resume_points.run_fingerprint(settings)
+    point, point_ckpt, set_aside = _resume_point(artifact, out, resume, settings)
+    rt.set_micro_batch(b)
     lrs = tuple(config.lrs or (lr_grid(lr0) if val is not None else (lr0,)))
     schedule = config.masks
     if schedule is not None and not m.masks:

@@ -301,3 +301,17 @@ def test_resume_refuses_other_threads_or_test_data(tiny_artifact, saved, tmp_pat
         "validation and test data (another file)"
     assert said in p.stderr, p.stderr
     assert kept(out) == before
+
+
+def test_resume_takes_the_plans_values_given_or_not(tiny_artifact, saved, tmp_path):
+    """A run started with --micro-batch equal to the plan's resumes without it (the settings
+    compared are the values in force)."""
+    from edgetrain.manifest import load_manifest
+
+    out = tmp_path / "run"
+    plan_batch = str(load_manifest(tiny_artifact).plan.micro_batch)
+    assert run(tiny_artifact, saved["data"], out, "--micro-batch", plan_batch,
+               fault="step:5").returncode == -9
+    p = run(tiny_artifact, saved["data"], out, "--resume", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["resumed_from_step"] is not None

@@ -127,3 +127,18 @@ def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> Budg
         f"`edgetrain measure` gives the exact peak. Try {FIXES}. "
         "Nothing was written: saved checkpoints are untouched.",
         split.budget_bytes, needed)
+
+
+def with_prediction(err: BudgetError, predicted: dict, micro_batch: int) -> BudgetError:
+    """The error, with what the step needs by the artifact's static prediction when that is
+    for this micro-batch (`needs at least` alone is a lower bound: the request that failed)."""
+    if predicted.get("batch") != micro_batch or not predicted.get("complete", True):
+        return err
+    peak = int(predicted["peak_bytes"])
+    said = (f"At micro-batch {micro_batch} the whole step needs about {peak} bytes (the "
+            "artifact's static prediction: within 1% of the allocator on the built-in networks; "
+            "`edgetrain measure` replays the run exactly).")
+    text = str(err)
+    text = text.replace(" Try ", f" {said} Try ", 1) if " Try " in text else f"{text} {said}"
+    return BudgetError(text, err.budget_bytes, max(peak, err.needed_bytes or 0))
+

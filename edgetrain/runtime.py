@@ -17,7 +17,8 @@ import numpy as np
 from edgetrain import names
 from edgetrain.atomicfile import WriteError, atomic_write
 from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, state_bytes_of
-from edgetrain.budget import BudgetError, BudgetSplit, budget_error_from, install_arena
+from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, install_arena,
+                             with_prediction)
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
 from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
@@ -137,7 +138,7 @@ class DeviceRuntime:
         if self.split is not None:
             err = budget_error_from(e, self.split, what)
             if err is not None:
-                return err
+                return with_prediction(err, self.manifest.predicted, self.micro_batch)
         return e
 
     def set_micro_batch(self, b: int) -> None:

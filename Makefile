@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(ET) devices
 	$(ET) export --model $(MODEL) --holdout-user $(USER_ID) --update $(UPDATE) --out artifacts/$(MODEL)
-	rm -rf runs/u$(USER_ID)  # the demo starts a fresh run (personalise never overwrites one)
+	rm -rf runs/demo-u$(USER_ID)  # the demo starts afresh in its own folder (never the tour's runs/u10)
 	@B=$(BATCH); \
 	if [ "$$B" = auto ]; then \
 	  B=$$($(ET) fit artifacts/$(MODEL) --device $(DEVICE) --json | $(PY) -c 'import json, sys; f = json.load(sys.stdin); print(min(8, f["max_batch"])); f["max_batch"] or print(f["next_batch_error"], file=sys.stderr)') || exit $$?; \
@@ -46,7 +46,7 @@ demo: setup
 	  exit 0; \
 	fi; \
 	echo "micro-batch $$B"; \
-	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --out runs/u$(USER_ID) && \
+	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --out runs/demo-u$(USER_ID) && \
 	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE)
 
 test: setup

@@ -5,8 +5,9 @@ For a patch model each epoch draws `patches_per_window` random patches from ever
 (the label is the window's); whole-image models see whole images. The trained weights are
 cached under .cache/pretrain/ keyed by everything that determines them, so a second
 `export` (or `make demo`) does not train again. A long run also leaves a resume point there
-after every epoch (`<name>.partial.pt`: weights, optimizer, schedule, generators, masks), so a
-run that is stopped continues from its last finished epoch.
+after every epoch, and at the step where Ctrl-C or SIGTERM stopped it (`<name>.partial.pt`:
+weights, optimizer, schedule, generators, masks, the position in the epoch;
+exporters/popfit.py), so running the command again continues from that step.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from exporters import updatesearch
 from exporters.hostfinetune import Inputs
 from exporters.quantize import fidelity
 from exporters.networks import build_network
+from exporters.popfit import fit_population
+from edgetrain.personalise import StopRequests
 
 # Bump when pretraining code changes what it produces. 2: the initial weights are seeded
 # (cfg.seed), so every run of one config trains the same model.
@@ -97,16 +99,18 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
                else data.standardised_signals(xw, mean, scale, spec.image_size))
     partial = cached.with_suffix(".partial.pt") if cached is not None else None
     if show_progress:  # say what is about to take long, and how to make it short
-        kept = (f"once: cached in {cache_dir}, and kept after every epoch, so Ctrl-C loses "
-                "only the current one" if cached is not None else "not cached: --no-cache")
+        kept = (f"once: cached in {cache_dir}; Ctrl-C stops after the current step and keeps "
+                "the progress" if cached is not None else "not cached: --no-cache")
         tqdm.write(f"pretraining the {cfg.model} population model: {cfg.epochs} epoch"
                    f"{'s' if cfg.epochs != 1 else ''} over {len(yw)} windows of subjects "
                    f"{summary['population_subjects']} ({kept}); the bar shows the time left; "
                    "--epochs 1 for a quick try", file=sys.stderr)
     threads = torch.get_num_threads()
     torch.set_num_threads(PRETRAIN_THREADS)
-    try:
-        train = _train(model, cfg, spec, signals, yw, show_progress, partial, cache_dir)
+    try:  # Ctrl-C (or SIGTERM) stops at the end of the current step, its progress kept
+        with StopRequests() as stop:
+            train = _train(model, cfg, spec, signals, yw, show_progress, partial, cache_dir,
+                           (lambda: stop.signum) if partial is not None else None)
     finally:
         torch.set_num_threads(threads)
     if cached is not None:
@@ -118,110 +122,21 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
 
 
 def _train(model, cfg: PretrainConfig, spec, signals, yw, show_progress: bool,
-           partial: Path | None, cache_dir: Path | None) -> dict:
+           partial: Path | None, cache_dir: Path | None, stop=None) -> dict:
     """Dense epochs, or (cfg.dst) sparse epochs from the cached dense model of the config."""
     if cfg.dst is None:
         torch.manual_seed(cfg.seed)
-        train = _fit(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None, show_progress,
-                     partial)
+        train = fit_population(model, cfg, spec, signals, yw, cfg.epochs, cfg.lr, None,
+                               show_progress, partial, stop)
     else:
         dense, dense_summary = pretrain(dataclasses.replace(cfg, dst=None), cache_dir,
                                         show_progress)
         model.load_state_dict(dense.state_dict())
         masks = TorchMasks(model, cfg.dst.density, cfg.dst.allocation)
-        train = _fit(model, cfg, spec, signals, yw, cfg.dst.epochs, cfg.dst.lr, masks,
-                     show_progress, partial)
+        train = fit_population(model, cfg, spec, signals, yw, cfg.dst.epochs, cfg.dst.lr,
+                               masks, show_progress, partial, stop)
         train["dense"] = {k: dense_summary[k] for k in ("final_loss", "pretrain_time_s", "steps")}
     return train
-
-
-def _fit(model: torch.nn.Module, cfg: PretrainConfig, spec, signals: np.ndarray,
-         yw: np.ndarray, epochs: int, lr: float, masks: TorchMasks | None,
-         show_progress: bool, partial: Path | None = None) -> dict:
-    """AdamW with a one-cycle schedule; each epoch draws `patches_per_window` random patches
-    from every window (patch models) or sees every whole image once. With `partial`, the
-    state after each epoch is saved there and a run finding it continues after that epoch."""
-    rng = np.random.default_rng(cfg.seed + (1000 if masks is not None else 0))
-    mask_rng = np.random.default_rng([cfg.seed, 1])
-    grid = spec.image_size // spec.patch_size if spec.patch_size else 1
-    per = cfg.patches_per_window if spec.patch_size else 1
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    n_items = len(yw) * per
-    steps = epochs * (n_items // cfg.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(1, steps))
-    schedule = cfg.dst.schedule() if masks is not None else None
-    if masks is not None:
-        masks.apply(opt)
-    model.train()
-    losses = []
-    step = regrown = done_epochs = 0
-    elapsed_s = 0.0  # training time of earlier runs that this one resumes
-    if partial is not None and partial.is_file():
-        blob = torch.load(partial, weights_only=False)
-        model.load_state_dict(blob["model"])
-        opt.load_state_dict(blob["optimizer"])
-        sched.load_state_dict(blob["schedule"])
-        rng.bit_generator.state, mask_rng.bit_generator.state = blob["rngs"]
-        if masks is not None:
-            masks.masks = blob["masks"]
-        step, regrown, done_epochs = blob["step"], blob["regrown"], blob["epochs"]
-        losses, elapsed_s = blob["losses"], blob["elapsed_s"]
-    t0 = time.perf_counter()
-    desc = f"pretrain {cfg.model}" + (f" sparse {cfg.dst.density:g}" if masks else "")
-    bar = tqdm(total=steps, initial=step, desc=desc, disable=not show_progress,
-               mininterval=1.0 if sys.stderr.isatty() else 60.0, unit="step")
-    for epoch in range(done_epochs, epochs):
-        windows = np.repeat(rng.permutation(len(yw)), per)
-        rng.shuffle(windows)
-        patches = rng.integers(0, grid * grid, len(windows))
-        for i in range(0, len(windows) - cfg.batch + 1, cfg.batch):
-            w, p = windows[i:i + cfg.batch], patches[i:i + cfg.batch]
-            xb = batch_inputs(spec, signals, w, p)
-            loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(xb)),
-                                                     torch.from_numpy(yw[w]))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            if masks is not None:
-                masks.apply(opt)
-                fraction = schedule.fraction_at(step, steps)
-                if fraction > 0:  # scored by this step's dense gradient, as on the device
-                    regrown += masks.update(schedule.method, fraction, mask_rng, opt)
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", refresh=False)
-        if partial is not None and epoch + 1 < epochs:
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(partial) as tmp:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "schedule": sched.state_dict(),
-                            "rngs": (rng.bit_generator.state, mask_rng.bit_generator.state),
-                            "masks": masks.masks if masks is not None else None,
-                            "step": step, "regrown": regrown, "epochs": epoch + 1,
-                            "losses": losses[-20:],
-                            "elapsed_s": elapsed_s + time.perf_counter() - t0}, tmp)
-    bar.close()
-    out = {"final_loss": float(np.mean(losses[-20:])) if losses else None,
-           "pretrain_time_s": round(elapsed_s + time.perf_counter() - t0, 1), "steps": steps}
-    if masks is not None:
-        out.update(density=round(masks.density(), 4), regrown_weights=regrown)
-    return out
-
-
-def batch_inputs(spec, signals: np.ndarray, windows: np.ndarray, patches: np.ndarray
-                 ) -> np.ndarray:
-    """Model inputs for a batch: GASF images (or patches) of the windows' signals, or the
-    standardised raw windows laid out as the network reads them."""
-    if spec.input == "imu_window":
-        x = signals[windows]  # [B, T, 6]
-        return np.ascontiguousarray(x.transpose(0, 2, 1) if spec.layout == "CT" else x)
-    ps = spec.patch_size or spec.image_size
-    grid = spec.image_size // ps
-    return np.stack([data.gasf_region(signals[a], slice((q // grid) * ps, (q // grid + 1) * ps),
-                                      slice((q % grid) * ps, (q % grid + 1) * ps))
-                     for a, q in zip(windows, patches)])
 
 
 def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3e-4,

@@ -147,7 +147,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     import torch
 
     from conftest import tiny_model
-    from exporters import pretrain
+    from exporters import popfit, pretrain
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((12, data.WINDOW_SAMPLES, 6))
@@ -158,11 +158,11 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     dst = DstConfig(density=0.5, epochs=3, every_steps=2, method="set")
     cfg = pretrain.PretrainConfig(model="tiny", batch=4, patches_per_window=2, dst=dst)
 
-    def fit(partial=None):
+    def fit(partial=None, stop=None):
         model = tiny_model()
         masks = TorchMasks(model, dst.density, dst.allocation)
-        out = pretrain._fit(model, cfg, spec, signals, y, dst.epochs, 1e-2, masks, False,
-                            partial)
+        out = popfit.fit_population(model, cfg, spec, signals, y, dst.epochs, 1e-2, masks,
+                                    False, partial, stop)
         return model, masks, out
 
     whole, whole_masks, whole_out = fit()
@@ -183,7 +183,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
             pass
 
     partial = tmp_path / "tiny.partial.pt"
-    monkeypatch.setattr(pretrain, "tqdm", StopAfter)
+    monkeypatch.setattr(popfit, "tqdm", StopAfter)
     with pytest.raises(KeyboardInterrupt):
         fit(partial)
     assert torch.load(partial, weights_only=False)["epochs"] == 1
@@ -191,6 +191,30 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     resumed, resumed_masks, out = fit(partial)
     assert out["steps"] == whole_out["steps"] == 18
     assert out["regrown_weights"] == whole_out["regrown_weights"] > 0
+    for name, mask in whole_masks.masks.items():
+        assert torch.equal(resumed_masks.masks[name], mask), name
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=1e-6,
+                                   msg=name)
+
+    # Ctrl-C (a signal noted by the caller): the run stops at the end of step 7, mid-epoch,
+    # saves where it is, and the next run continues from step 8 to the same weights
+    from edgetrain.trainloop import Interrupted
+
+    steps_seen = []
+
+    def stop_at_7():
+        steps_seen.append(1)
+        return 2 if len(steps_seen) == 7 else None  # SIGINT
+
+    stopped = tmp_path / "stopped.partial.pt"
+    with pytest.raises(Interrupted, match="after step 7 of 18") as e:
+        fit(stopped, stop_at_7)
+    assert e.value.signum == 2
+    blob = torch.load(stopped, weights_only=False)
+    assert (blob["step"], blob["epochs"], blob["offset"]) == (7, 1, 4)  # 6 steps an epoch
+    resumed, resumed_masks, out = fit(stopped)
+    assert out["steps"] == 18 and out["regrown_weights"] == whole_out["regrown_weights"]
     for name, mask in whole_masks.masks.items():
         assert torch.equal(resumed_masks.masks[name], mask), name
     for name, value in whole.state_dict().items():

@@ -33,14 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from device_sim.layout import fix_address_layout
-
-MARK = "EDGETRAIN-PHASE "
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
-_EXTENDING = re.compile(r"Extending BFCArena for \w+\. .*rounded_bytes:(\d+)")
-_EXTENDED = re.compile(r"Extended allocation by (\d+) bytes\.")
-_TOTAL = re.compile(r"Total allocated bytes: (\d+)")
-_RESERVE = re.compile(r"Reserving memory in BFCArena for \w+ size: (\d+)")
-
+from edgetrain.arenalog import CATEGORIES, MARK, parse_arena_log  # noqa: F401 (re-exported)
 
 @dataclass(frozen=True)
 class Measurement:
@@ -56,55 +49,6 @@ class Measurement:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def parse_arena_log(text: str) -> tuple[int, int, dict]:
-    """Arena log with phase marks -> (env arena bytes, outside bytes, bytes per category)."""
-    phase = "other"
-    per = {c: 0 for c in CATEGORIES}
-    env_total = 0
-    pending_reserve = 0
-    outside = 0
-    rounded = None
-    extended = None
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            phase = line[len(MARK):].strip()
-            continue
-        if m := _RESERVE.search(line):
-            # Session initializers (constants of the graphs) reserved in the env arena. A
-            # reload frees the old Module's reservation first (BFCArena::Free gives reserved
-            # bytes back to the total), so its new one replaces it.
-            if phase != "reload":
-                pending_reserve += int(m.group(1))
-                per["other"] += int(m.group(1))
-        elif m := _EXTENDING.search(line):
-            rounded = int(m.group(1))
-        elif m := _EXTENDED.search(line):
-            extended = int(m.group(1))
-        elif (m := _TOTAL.search(line)) and extended is not None:
-            total = int(m.group(1))
-            # Checkpoint tensors load before any session exists, so nothing in that phase is
-            # the env arena; later, only the env arena continues the env arena's total.
-            if phase != "parameters" and total - extended == env_total + pending_reserve:
-                env_total, pending_reserve = total, 0
-                per[_category(phase)] += extended
-            elif phase != "reload":  # a private arena (a checkpoint tensor or an API
-                assert rounded is not None, "arena log out of order"  # scalar): one chunk
-                outside += rounded
-                per["parameters" if phase == "parameters" else "other"] += rounded
-            # (in a reload, the weights' arenas replace those of the weights freed before it)
-            rounded = extended = None
-    env_total += pending_reserve
-    return env_total, outside, per
-
-
-def _category(phase: str) -> str:
-    if phase in ("gradients", "optimizer_state"):
-        return phase
-    if phase in ("preflight", "eval", "train", "inference"):
-        return "activations"
-    return "other"
 
 
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,

@@ -27,6 +27,8 @@ import numpy as np
 from edgetrain import names, trainloop
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.masks import MaskSchedule
+from edgetrain.arenacapture import ArenaCapture
+from edgetrain.ort_device import onnxruntime
 from edgetrain.runfolder import RunLock, check_placement
 from edgetrain.selection import ADAPTS, check_settings
 from edgetrain.trainloop import Interrupted, TrainingDiverged
@@ -102,6 +104,9 @@ class PersonaliseResult:
     # which test windows were right before and after, "0"/"1" each in order (paired bootstrap)
     test_correct_before: str | None = None
     test_correct_after: str | None = None
+    # the peak bytes of this process's training working set, from ORT's allocator log
+    # (edgetrain/arenacapture.py; a resumed run: since it resumed)
+    measured_peak_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,9 +128,11 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     point in `out` (start afresh if it has none yet)."""
     check_placement(out, artifact)
     with RunLock(out), StopRequests() as stop:
-        fields = trainloop.run(artifact, train, val, test, Path(out), budget_bytes, config,
-                               progress, threads, resume, stop)
-        result = PersonaliseResult(torch_loaded=sys.modules.get("torch") is not None, **fields)
+        with ArenaCapture(onnxruntime()) as arena:  # the run's own peak, from ORT's log
+            fields = trainloop.run(artifact, train, val, test, Path(out), budget_bytes,
+                                   config, progress, threads, resume, stop, arena.mark)
+        result = PersonaliseResult(torch_loaded=sys.modules.get("torch") is not None,
+                                   measured_peak_bytes=arena.peak_bytes(), **fields)
         atomic_write_bytes(Path(out) / names.RUN_RESULT,
                            json.dumps(result.to_dict(), indent=2).encode())
         return result

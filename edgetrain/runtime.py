@@ -67,6 +67,7 @@ class DeviceRuntime:
         # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
         self.min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         refuse_odd_checkpoint(self._files[names.CHECKPOINT], m, "the artifact's checkpoint")
+        self._phase = on_phase or (lambda name: None)  # measurement marks where bytes go
         self._load(self._files[names.CHECKPOINT], on_phase)
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self.micro_batch = m.plan.micro_batch
@@ -108,6 +109,7 @@ class DeviceRuntime:
         checkpoint of another artifact or an unreadable one; the learning rate carries on."""
         lr = self.optimizer.get_learning_rate()
         refuse_odd_checkpoint(path, self.manifest, f"checkpoint {path}")
+        self._phase("reload")  # its tensors replace those freed (edgetrain/arenalog.py)
         try:
             self._load(str(path))
         except ArtifactError:
@@ -117,6 +119,7 @@ class DeviceRuntime:
             self._load(self._files[names.CHECKPOINT])
             raise ArtifactError(f"checkpoint {path} is unreadable ({str(e).splitlines()[0]}); "
                                 "resume from an earlier point or start again") from e
+        self._phase("other")
         self.optimizer.set_learning_rate(lr)
         trim_heap()
 

@@ -51,10 +51,10 @@ class Interrupted(RuntimeError):
 
 
 def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, threads,
-        resume: bool, stop) -> dict:
+        resume: bool, stop, on_phase=None) -> dict:
     """Train `artifact` on one user's data in a runtime capped at `budget_bytes`; returns the
     fields of a PersonaliseResult."""
-    rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads)
+    rt = DeviceRuntime(artifact, budget_bytes=budget_bytes, threads=threads, on_phase=on_phase)
     # The artifact is verified (hashes, graphs) before a run folder is trusted with it.
     m = rt.manifest
     b = config.micro_batch or m.plan.micro_batch

@@ -130,3 +130,18 @@ def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_total(tmp_pa
     assert block_of("/blocks/blocks.3/dw/dw.0/Conv", holds) == "blocks.3"
     assert block_of("/stem/stem.0/Conv", holds) == "stem"  # stem.0 is a leaf conv
     assert block_of("/ReduceMean", holds) == "(top level)"
+
+
+def test_personalise_reports_its_own_peak_equal_to_measure(tiny_artifact, tmp_path):
+    """The run's own allocator log gives the same peak as measure's replay of the cycle."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (16, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=rng.integers(0, 3, 16))
+    p = cli("personalise", tiny_artifact, "--data", tmp_path / "d.npz", "--budget", "4MiB",
+            "--no-select", "--micro-batch", "4", "--epochs", "1", "--out", tmp_path / "r",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    own = json.loads(p.stdout)["measured_peak_bytes"]
+    assert own == measure_json(tiny_artifact, "--no-select")["peak_bytes"] > 0
+    assert json.loads((tmp_path / "r" / "result.json").read_text())["measured_peak_bytes"] == own
+    assert "bfc_arena" not in p.stderr and "[I:onnxruntime" not in p.stderr

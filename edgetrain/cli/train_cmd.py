@@ -129,6 +129,9 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
                f"{r.accumulation_steps} items ({r.train_items} items/epoch)"
                + (f"; this process trained the last {done_here} in {r.train_time_s:.1f} s"
                   if r.resumed_from_step is not None else f" in {r.train_time_s:.1f} s"))
+    if r.measured_peak_bytes is not None:
+        click.echo(f"measured peak of this run: {mib(r.measured_peak_bytes)} (ONNX Runtime's "
+                   "allocator; the training working set the budget covers)")
     if r.guard is not None:
         click.echo(r.guard["message"])
     if r.accuracy_before is not None:

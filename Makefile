@@ -21,15 +21,19 @@ venv-check:
 	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
 	  echo "$(VENV) was made with $$($(PY) --version); making it again with Python 3.11"; \
 	  rm -rf $(VENV); fi
+	@# The install stamp holds pyproject.toml's hash (not its date, which a clone resets):
+	@# a changed pyproject installs again, an unchanged one never does.
+	@if [ -f $(VENV)/.installed ] && [ "$$(cat $(VENV)/.installed)" != "$$(sha256sum pyproject.toml | cut -d' ' -f1)" ]; then \
+	  rm -f $(VENV)/.installed; fi
 
 # seglearn is installed without its dependencies: edgetrain only reads the
 # recordings file it ships (pandas/scikit-learn/scipy are never imported).
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed:
 	python3.11 -m venv $(VENV) 2>/dev/null || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[export,dev]'
 	$(PY) -m pip install -q --no-deps seglearn==1.2.5
-	touch $@
+	sha256sum pyproject.toml | cut -d' ' -f1 > $@
 
 demo: setup
 	$(ET) devices

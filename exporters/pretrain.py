@@ -98,7 +98,10 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     signals = (data.standardised_windows(xw, mean, scale) if spec.input == "imu_window"
                else data.standardised_signals(xw, mean, scale, spec.image_size))
     partial = cached.with_suffix(".partial.pt") if cached is not None else None
-    if show_progress:  # say what is about to take long, and how to make it short
+    if show_progress and cfg.epochs == 0:
+        tqdm.write(f"--epochs 0: the {cfg.model} network is exported untrained (its initial "
+                   "weights)", file=sys.stderr)
+    elif show_progress:  # say what is about to take long, and how to make it short
         kept = (f"once: cached in {cache_dir}; Ctrl-C stops after the current step and keeps "
                 "the progress" if cached is not None else "not cached: --no-cache")
         tqdm.write(f"pretraining the {cfg.model} population model: {cfg.epochs} epoch"

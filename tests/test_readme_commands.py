@@ -1,7 +1,8 @@
 """Every command the README and the guides show parses as written: each `edgetrain ...` line
 through the CLI's own parser (options, choices, byte sizes, required options), each `make`
-line against the Makefile's targets and variables, each bench script exists. Executing them
-all takes hours (pretraining ResNet-50); the default test run checks that they are right."""
+line against the Makefile's targets and variables, each bench script exists. As written they
+take hours (pretraining ResNet-50); test_docs_run.py executes the README's and the
+quickstart's blocks with the quick settings the README documents."""
 from __future__ import annotations
 
 import re
@@ -11,26 +12,13 @@ import click
 import pytest
 
 from conftest import ROOT
+from docblocks import shell_lines
 from edgetrain.cli import main
 
 DOCS = ("README.md", "docs/quickstart.md", "docs/update-plans.md")
 
 
-def shell_lines(doc: str) -> list[str]:
-    """Command lines of the doc's non-Python code blocks, comments and prompts stripped."""
-    lines, inside, lang = [], False, ""
-    for raw in (ROOT / doc).read_text().splitlines():
-        if raw.startswith("```"):
-            inside, lang = not inside, raw[3:].strip()
-            continue
-        if inside and lang in ("", "sh", "bash", "shell"):
-            line = re.sub(r"\s+#.*$", "", raw).strip()
-            if line and not line.startswith("#"):
-                lines.append(line)
-    return lines
-
-
-CASES = [(doc, line) for doc in DOCS for line in shell_lines(doc)]
+CASES = [(doc, line) for doc in DOCS for line in shell_lines(ROOT / doc)]
 
 
 def test_the_docs_show_commands():

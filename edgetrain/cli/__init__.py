@@ -20,7 +20,11 @@ from edgetrain.cli.train_cmd import personalise, reset_bn
 __all__ = ["main", "parse_bytes"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Every option can also come from the environment: EDGETRAIN_<COMMAND>_<OPTION>, e.g.
+# EDGETRAIN_EXPORT_EPOCHS=0 or EDGETRAIN_PERSONALISE_EPOCHS=1 (click's auto_envvar_prefix;
+# docs/cli.md); a flag on the command line wins.
+@click.group(context_settings={"help_option_names": ["-h", "--help"],
+                               "auto_envvar_prefix": "EDGETRAIN"})
 @click.version_option(package_name="edgetrain", message="%(prog)s %(version)s")
 def main():
     """On-device training for wearables: export, personalise and measure under a RAM budget."""

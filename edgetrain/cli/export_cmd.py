@@ -41,7 +41,9 @@ def record_measured_peak(out, m):
 @click.option("--threads", type=click.IntRange(min=1), default=DEFAULT_THREADS, show_default=True,
               help="ORT intra-op threads the device will run with (recorded in the plan; the "
                    "predicted peak is for this count).")
-@click.option("--epochs", type=int, default=8, show_default=True, help="Pretraining epochs.")
+@click.option("--epochs", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Pretraining epochs (0: export the network untrained, a quick check of the "
+              "toolchain).")
 @click.option("--lr", type=float, default=3e-4, show_default=True, help="On-device learning rate.")
 @click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
 @click.option("--recompute", type=click.Choice(["none", "sqrt", "budget"]), default="none",

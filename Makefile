@@ -12,7 +12,7 @@ MODEL  ?= patch_mobilenet
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
 
-.PHONY: setup venv-check demo test bench clean
+.PHONY: setup venv-check demo test check-readme bench clean
 
 setup: venv-check $(VENV)/.installed
 
@@ -55,6 +55,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# every command block of README.md and docs/quickstart.md, run in a fresh clone with the
+# README's quick settings (part of `make test` too)
+check-readme: setup
+	$(PY) -m pytest -q tests/test_docs_run.py
 
 clean:  # everything make made: artifacts, runs, the pretraining cache and the .venv
 	rm -rf artifacts runs .cache $(VENV)

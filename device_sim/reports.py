@@ -12,6 +12,7 @@ from device_sim.measure import measure
 from device_sim.profiles import get_profile
 from device_sim.scenario import FitResult, largest_batch
 from edgetrain import names
+from edgetrain.budget import BudgetError, with_prediction
 from edgetrain.manifest import load_manifest
 from exporters.cost import recompute_flops, step_cost
 from exporters.predictor import predict_manifest
@@ -57,10 +58,12 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
 
         out = Path(plot_dir)
         out.mkdir(parents=True, exist_ok=True)
+        shown = {"eval_model": str(Path(artifact) / manifest.files[names.EVAL_MODEL].path),
+                 "threads": r.threads}  # as the prediction beside the measurement uses them
         doc["plots"] = [str(plot_timeline(train, batch, r.breakdown, r.peak_bytes,
-                                          budget_bytes, out)),
+                                          budget_bytes, out, **shown)),
                         str(plot_graph(train, batch, out)),
-                        str(write_graph_svg(train, batch, out))]
+                        str(write_graph_svg(train, batch, out, **shown))]
     return doc
 
 
@@ -76,3 +79,18 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitRe
     return largest_batch(predicted_peak,
                          lambda b: measure(artifact, b, budget_bytes, steps=steps),
                          budget_bytes)
+
+
+def with_predicted_need(err: BudgetError, artifact: str | Path, micro_batch: int | None,
+                        threads: int | None = None) -> BudgetError:
+    """A budget error with the failing step's predicted need, when the message lacks it (the
+    manifest predicts the plan's micro-batch only). The prediction is extra: an artifact it
+    cannot read leaves the error as it was, since that error is what the user must see."""
+    if err.predicted or micro_batch is None:
+        return err
+    try:
+        pred = predict_manifest(artifact, load_manifest(artifact), micro_batch, threads)
+    except Exception:  # noqa: BLE001 - any failure here must not hide the budget error
+        return err
+    return with_prediction(err, {"batch": micro_batch, "peak_bytes": pred.peak_bytes,
+                                 "complete": pred.complete}, micro_batch)

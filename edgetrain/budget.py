@@ -45,18 +45,41 @@ def arena_rounded(nbytes: int) -> int:
 
 
 class BudgetError(RuntimeError):
-    """The training working set does not fit the device's RAM budget."""
+    """The training working set does not fit the device's RAM budget. micro_batch and
+    threads: the step that failed (None when no step ran); predicted: the message already
+    says the step's predicted need."""
 
-    def __init__(self, message: str, budget_bytes: int, needed_bytes: int | None):
+    def __init__(self, message: str, budget_bytes: int, needed_bytes: int | None,
+                 micro_batch: int | None = None, threads: int | None = None,
+                 predicted: bool = False):
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.needed_bytes = needed_bytes
+        self.micro_batch = micro_batch
+        self.threads = threads
+        self.predicted = predicted
 
 
-FIXES = ("a smaller --micro-batch (gradients accumulate to the same effective batch), "
-         "an update plan, a recompute plan or sparsity at export (--update head, --recompute, "
-         "--density), a narrower model (export --width, for the built-in networks), "
-         "or a device profile with more RAM")
+BATCH_FIX = "a smaller --micro-batch (gradients accumulate to the same effective batch)"
+
+
+def fixes(manifest=None, micro_batch: int | None = None) -> str:
+    """What can make training fit, only what applies: a smaller micro-batch when a step ran
+    above 1; what the artifact's export did not use yet (an update plan, a recompute plan,
+    sparsity, a narrower width for a built-in network); a device with more RAM."""
+    items = [BATCH_FIX] if micro_batch is not None and micro_batch > 1 else []
+    plan = getattr(manifest, "plan", None)
+    export = [] if plan is not None and plan.update != "all" else ["--update head"]
+    export += [] if plan is not None and plan.recompute != "none" else ["--recompute sqrt"]
+    export += [] if getattr(manifest, "masks", ()) else ["--density 0.5"]
+    config = (getattr(manifest, "provenance", None) or {}).get("config") or {}
+    if "width" in config:  # a built-in network: its width multiplier can shrink
+        width = config["width"]
+        export.append(f"--width below {width:g}" if isinstance(width, (int, float))
+                      else "--width below the network's default")
+    if export:
+        items.append(f"re-exporting with less to train or keep ({', '.join(export)})")
+    return ", ".join(items + ["or a device profile with more RAM"])
 
 
 @dataclass(frozen=True)
@@ -67,9 +90,10 @@ class BudgetSplit:
     arena_cap_bytes: int  # hard limit handed to the env arena
 
     @classmethod
-    def from_budget(cls, budget_bytes: int, state_bytes: int, min_cap_bytes: int = 0
-                    ) -> "BudgetSplit":
-        """min_cap_bytes: the least cap that holds the training Module's reserved constants."""
+    def from_budget(cls, budget_bytes: int, state_bytes: int, min_cap_bytes: int = 0,
+                    advice: str | None = None) -> "BudgetSplit":
+        """min_cap_bytes: the least cap that holds the training Module's reserved constants;
+        advice: what to try when the parameters alone do not fit (default: fixes())."""
         if budget_bytes <= 0:
             raise BudgetError(f"budget must be a positive number of bytes, got {budget_bytes}; "
                               "pass e.g. --budget 16MB or --device NAME", budget_bytes, None)
@@ -83,7 +107,8 @@ class BudgetSplit:
                 f"budget of {budget_bytes} bytes is below the model's parameters alone "
                 f"({state_bytes} bytes, plus {RUNTIME_SCALAR_BYTES} of runtime scalars and "
                 f"{min_cap_bytes} for the graphs' constants); no step can run. "
-                f"Try {FIXES}.", budget_bytes, fixed + min_cap_bytes + ARENA_CHUNK_BYTES)
+                f"Try {advice or fixes()}.", budget_bytes,
+                fixed + min_cap_bytes + ARENA_CHUNK_BYTES)
         return cls(budget_bytes, state_bytes, RUNTIME_SCALAR_BYTES, budget_bytes - fixed)
 
 
@@ -110,8 +135,11 @@ def install_arena(ort, cap_bytes: int | None) -> None:
 _ARENA_FAIL = re.compile(r"Available memory of (\d+) is smaller than requested bytes of (\d+)")
 
 
-def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> BudgetError | None:
-    """Turn ORT's arena-exhausted error into a BudgetError naming the bytes; None if unrelated."""
+def budget_error_from(exc: BaseException, split: BudgetSplit, what: str, advice: str | None = None,
+                      micro_batch: int | None = None, threads: int | None = None
+                      ) -> BudgetError | None:
+    """Turn ORT's arena-exhausted error into a BudgetError naming the bytes; None if unrelated.
+    advice: what to try (default: fixes()); micro_batch, threads: the failing step's."""
     m = _ARENA_FAIL.search(str(exc))
     if not m:
         return None
@@ -124,21 +152,29 @@ def budget_error_from(exc: BaseException, split: BudgetSplit, what: str) -> Budg
         f"{split.scalar_bytes} runtime scalars + {split.arena_cap_bytes} for gradients, "
         f"optimizer state, activations and the graphs' weights and constants). It needs at "
         f"least {needed} bytes; "
-        f"`edgetrain measure` gives the exact peak. Try {FIXES}. "
+        f"`edgetrain measure` gives the exact peak. Try {advice or fixes(None, micro_batch)}. "
         "Nothing was written: saved checkpoints are untouched.",
-        split.budget_bytes, needed)
+        split.budget_bytes, needed, micro_batch, threads)
 
 
 def with_prediction(err: BudgetError, predicted: dict, micro_batch: int) -> BudgetError:
-    """The error, with what the step needs by the artifact's static prediction when that is
-    for this micro-batch (`needs at least` alone is a lower bound: the request that failed)."""
+    """The error, with what the step needs by a static prediction when that is for this
+    micro-batch (`needs at least` alone is a lower bound: the request that failed).
+    predicted: the manifest's, or a fresh one ({"batch", "peak_bytes", "complete"})."""
     if predicted.get("batch") != micro_batch or not predicted.get("complete", True):
         return err
     peak = int(predicted["peak_bytes"])
-    said = (f"At micro-batch {micro_batch} the whole step needs about {peak} bytes (the "
-            "artifact's static prediction: within 1% of the allocator on the built-in networks; "
-            "`edgetrain measure` replays the run exactly).")
+    margin = -(-peak * 101 // 100)  # the predictor's stated margin: 1% on built-in networks
+    if err.needed_bytes is not None and margin < err.needed_bytes:
+        said = (f"The static prediction for micro-batch {micro_batch}, {peak} bytes, is below "
+                "that: it misses some of this step's bytes, so `edgetrain measure` (uncapped) "
+                "is the way to learn the whole need.")
+    else:
+        said = (f"At micro-batch {micro_batch} the whole step needs about {peak} bytes (a "
+                "static prediction: within 1% of the allocator on the built-in networks, so "
+                f"a budget of {margin} bytes holds it there; `edgetrain "
+                "measure` replays the run exactly).")
     text = str(err)
     text = text.replace(" Try ", f" {said} Try ", 1) if " Try " in text else f"{text} {said}"
-    return BudgetError(text, err.budget_bytes, max(peak, err.needed_bytes or 0))
-
+    return BudgetError(text, err.budget_bytes, max(peak, err.needed_bytes or 0),
+                       err.micro_batch, err.threads, predicted=True)

@@ -17,7 +17,7 @@ import numpy as np
 from edgetrain import names
 from edgetrain.atomicfile import WriteError, atomic_write
 from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, state_bytes_of
-from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, install_arena,
+from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, fixes, install_arena,
                              with_prediction)
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
@@ -56,7 +56,7 @@ class DeviceRuntime:
         self.manifest = m = load_manifest(self.folder)  # verifies sizes and hashes
         self.inference_bytes = inference_bytes_of(self.folder, m)
         self.split = (BudgetSplit.from_budget(budget_bytes, state_bytes_of(m),
-                                              module_constants_bytes(self.folder, m))
+                                              module_constants_bytes(self.folder, m), fixes(m))
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
@@ -139,7 +139,8 @@ class DeviceRuntime:
 
     def _translate(self, e: BaseException, what: str) -> BaseException:
         if self.split is not None:
-            err = budget_error_from(e, self.split, what)
+            err = budget_error_from(e, self.split, what, fixes(self.manifest, self.micro_batch),
+                                    self.micro_batch, self.threads)
             if err is not None:
                 return with_prediction(err, self.manifest.predicted, self.micro_batch)
         return e

@@ -5,8 +5,15 @@ that holds modules of its own (`blocks.3`, `stages.0.1`: the repeated units of a
 or a top-level module (`stem`, `classifier`); nodes outside any module (the pooling and the loss the
 exporter adds) form "(top level)". Inside a box, each forward node is a square, coloured by
 the bytes of its output that backward keeps (white: freed after forward). Hovering a square
-shows its operator, output and bytes. Each box is labelled with the bytes its nodes keep for
-backward; the title gives the total, which the boxes' labels sum to.
+shows its operator, output and bytes.
+
+Each box is labelled with its share of the predicted activations (the breakdown's
+category): the memory-pattern buffers live at the step's fullest moment, by the block of the
+node that wrote the tensor each holds at that moment (a forward output backward still
+needs, or a backward temporary such as a gradient being summed). Two rows below the boxes hold the rest: the pattern
+block's space that is never live all at once (ORT places buffers once for the whole step),
+and the run-time allocations outside the pattern. The labels sum to the breakdown's
+activations; the title gives that sum.
 """
 from __future__ import annotations
 
@@ -15,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgetrain.budget import arena_rounded
 from exporters.graph import load_graph, without_identities
+from exporters.predictor import activation_plans, known_shapes
+from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.shapes import runtime_shapes
 from exporters.recompute import analyse
 
@@ -65,6 +75,31 @@ def forward_blocks(training_model: str, batch: int) -> list[dict]:
     return [{"block": k, **v} for k, v in blocks.items()]
 
 
+def activation_shares(training_model: str, eval_model: str, batch: int, threads: int
+                      ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The predicted activations split into parts that sum to them: per block
+    {"forward": bytes, "backward": bytes} live at the pattern's fullest moment, and
+    {"pattern never live at once": ..., "run-time allocations": ...}. Uses the prediction's
+    own plan (the Shape-node order it claims), so the sum is its breakdown's activations."""
+    plan, acts = max(activation_plans(training_model, batch, threads,
+                                      known_shapes(eval_model, batch)), key=lambda pa: pa[1])
+    graph = optimized_graph(training_model)
+    producer = {o: n.name for n in graph.graph.node for o in n.output if o}
+    model, _ = without_identities(load_graph(training_model))
+    fwd_nodes = analyse(model).nodes
+    forward = {o for n in fwd_nodes for o in n.output}
+    paths = {module_path(n.name) for n in fwd_nodes}
+    containers = {p[:i] for p in paths for i in range(1, len(p))}
+    shares: dict[str, dict[str, int]] = {}
+    for tensor, size in plan.peak_buffers:
+        name = producer.get(tensor, "").removeprefix("AccumulateGrad_")
+        part = shares.setdefault(block_of(name, containers), {"forward": 0, "backward": 0})
+        part["forward" if tensor in forward else "backward"] += size
+    rest = {"pattern never live at once": arena_rounded(plan.pattern_bytes) - plan.live_peak_bytes,
+            "run-time allocations": acts - arena_rounded(plan.pattern_bytes)}
+    return shares, rest
+
+
 def _colour(saved_bytes: int, most: int) -> str:
     if not saved_bytes:
         return "#ffffff"
@@ -77,20 +112,30 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
-def write_graph_svg(training_model: str, batch: int, out: Path) -> Path:
+def write_graph_svg(training_model: str, batch: int, out: Path, *, eval_model: str,
+                    threads: int) -> Path:
+    """graph.svg in `out` for the training graph at `batch`; eval_model and threads as the
+    prediction uses them (the artifact's eval graph, the runtime's intra-op threads)."""
     blocks = forward_blocks(training_model, batch)
-    total = sum(b["saved_bytes"] for b in blocks)
+    shares, rest = activation_shares(training_model, eval_model, batch, threads)
+    for name in shares.keys() - {b["block"] for b in blocks}:  # only backward nodes: a box too
+        blocks.append({"block": name, "nodes": [], "saved_bytes": 0})
+    total = sum(sum(v.values()) for v in shares.values()) + sum(rest.values())
     most = max((s for b in blocks for *_, s, keep in b["nodes"] if keep), default=1)
     parts, y = [], 56
     for b in blocks:
-        rows = -(-len(b["nodes"]) // PER_ROW)
+        share = shares.get(b["block"], {"forward": 0, "backward": 0})
+        rows = max(1, -(-len(b["nodes"]) // PER_ROW))
         height = 30 + rows * (SQUARE + 4)
         parts.append(f'<g class="block" data-block="{escape(b["block"])}" '
-                     f'data-saved-bytes="{b["saved_bytes"]}">'
+                     f'data-saved-bytes="{b["saved_bytes"]}" '
+                     f'data-activation-bytes="{sum(share.values())}">'
                      f'<rect x="10" y="{y}" width="{WIDTH - 20}" height="{height}" rx="6" '
                      f'fill="#f6f6f6" stroke="#999"/>'
                      f'<text x="20" y="{y + 18}" font-size="13">{escape(b["block"])}: '
-                     f'{_mib(b["saved_bytes"])} kept for backward, {len(b["nodes"])} '
+                     f'{_mib(sum(share.values()))} of the activations at the peak '
+                     f'({_mib(share["forward"])} forward outputs, {_mib(share["backward"])} '
+                     f'backward temporaries); {len(b["nodes"])} forward '
                      f'node{"s" if len(b["nodes"]) != 1 else ""}</text>')
         for k, (op, name, size, keep) in enumerate(b["nodes"]):
             cx = 20 + (k % PER_ROW) * (SQUARE + 2)
@@ -103,15 +148,24 @@ def write_graph_svg(training_model: str, batch: int, out: Path) -> Path:
         y += height + BOX_GAP
         parts.append(f'<line x1="{WIDTH / 2}" y1="{y - BOX_GAP}" x2="{WIDTH / 2}" y2="{y}" '
                      'stroke="#666" marker-end="url(#arrow)"/>')
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y}" '
-           f'viewBox="0 0 {WIDTH} {y}" data-saved-bytes="{total}" font-family="sans-serif">'
+    parts.pop()  # no arrow after the last block
+    for what, nbytes in rest.items():
+        parts.append(f'<g class="rest" data-what="{escape(what)}" data-activation-bytes='
+                     f'"{nbytes}"><text x="20" y="{y + 4}" font-size="13">{escape(what)}: '
+                     f'{_mib(nbytes)} of the activations</text></g>')
+        y += 22
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y + 10}" '
+           f'viewBox="0 0 {WIDTH} {y + 10}" data-activation-bytes="{total}" '
+           f'data-saved-bytes="{sum(b["saved_bytes"] for b in blocks)}" '
+           'font-family="sans-serif">'
            '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" refY="4" '
            'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>'
-           f'<text x="10" y="24" font-size="16">Forward graph at batch {batch}, by block: '
-           f'{_mib(total)} kept for backward</text><text x="10" y="44" font-size="11" '
-           'fill="#555">colour: bytes of a node\'s output kept for backward (white: freed '
+           f'<text x="10" y="24" font-size="16">Training step at batch {batch}, by block: '
+           f'{_mib(total)} of activations (predicted, {threads} threads); each box says its '
+           'share</text><text x="10" y="44" font-size="11" fill="#555">squares: forward '
+           'nodes, coloured by the bytes of their output kept for backward (white: freed '
            'after forward); hover a square for its operator and bytes</text>'
-           + "".join(parts[:-1]) + "</svg>")  # no arrow after the last block
+           + "".join(parts) + "</svg>")
     path = out / "graph.svg"
     path.write_text(svg)
     return path

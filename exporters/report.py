@@ -1,9 +1,11 @@
 """Pictures of a training step's memory (host side, matplotlib).
 
 * timeline: bytes over the step's execution order, stacked by category. State parts are
-  measured; activations are the static plan's (a prediction): the memory-pattern block ORT
-  allocates whole, the run-time allocations outside it, and a line for the block's live
-  bytes. Forward and backward are marked; the measured peak and the budget are lines.
+  measured; activations are the prediction's own (its plan, threads and Shape-node order):
+  the memory-pattern block ORT allocates whole, and the arena space the run-time
+  allocations outside it take (lines show what of each is live after every node), so the
+  stack's top is the predicted peak, beside the measured peak and the budget. Forward and
+  backward are marked.
 * graph: the forward part of the training graph, in the spirit of an autograd graph. Each
   node is annotated with the bytes of its output. Outputs that backward needs are *saved*
   (kept alive until their gradient is computed); the others are freed once consumed.
@@ -20,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from exporters.graph import load_graph, without_identities  # noqa: E402
-from exporters.predictor.plan import plan_step  # noqa: E402
+from edgetrain.budget import arena_rounded  # noqa: E402
+from exporters.predictor import activation_plans, known_shapes  # noqa: E402
 from exporters.predictor.shapes import runtime_shapes  # noqa: E402
 from exporters.recompute import analyse  # noqa: E402
 
@@ -33,12 +36,15 @@ def _mib(n: float) -> str:
 
 
 def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: int,
-                  budget_bytes: int | None, out: Path) -> Path:
+                  budget_bytes: int | None, out: Path, *, eval_model: str, threads: int
+                  ) -> Path:
     """state: the measured bytes of parameters, gradients, optimizer_state and other (flat
-    bands). Activations are the static plan's (a prediction): the memory-pattern block, which
-    ORT allocates whole for the step, and the run-time allocations outside it over time; a
-    line shows how much of the block is live. Forward and backward are marked."""
-    plan = plan_step(training_model, batch)
+    bands). Activations are the prediction's (eval_model and threads as it uses them): the
+    memory-pattern block and the arena space of the run-time allocations, flat bands as ORT
+    holds them, with lines for what is live. Forward and backward are marked."""
+    plan, acts = max(activation_plans(training_model, batch, threads,
+                                      known_shapes(eval_model, batch)), key=lambda pa: pa[1])
+    block = arena_rounded(plan.pattern_bytes)
     n = len(plan.timeline)
     x = np.arange(n)
     runtime = np.zeros(n)
@@ -46,23 +52,29 @@ def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: i
         runtime[first:last + 1] += size
     keys = ("parameters", "gradients", "optimizer_state", "other")
     bands = [np.full(n, state[k], dtype=float) for k in keys]
-    bands += [np.full(n, plan.pattern_bytes, dtype=float), runtime]
-    labels = [f"{k.replace('_', ' ')} {_mib(state[k])}" for k in keys]
-    labels += [f"activations: memory-pattern block {_mib(plan.pattern_bytes)} (predicted)",
-               f"activations: run-time allocations, at most {_mib(runtime.max())} (predicted)"]
+    bands += [np.full(n, block, dtype=float), np.full(n, acts - block, dtype=float)]
+    top_bytes = max(measured_peak, budget_bytes or 0, sum(state[k] for k in keys) + acts)
+    labels = [f"{k.replace('_', ' ')} {_mib(state[k])}"
+              + (" (a hairline at this scale)" if state[k] < top_bytes / 200 else "")
+              for k in keys]
+    labels += [f"activations: memory-pattern block {_mib(block)} (predicted)",
+               f"activations: run-time allocations' arena space {_mib(acts - block)} "
+               f"(predicted; at most {_mib(runtime.max())} live at once)"]
     colors = [COLORS[k] for k in keys] + [COLORS["activations"], "#e8a0a2"]
-    fig, ax = plt.subplots(figsize=(11, 5))
+    fig, ax = plt.subplots(figsize=(10, 6.5))
     ax.stackplot(x, [b / 2**20 for b in bands], labels=labels, colors=colors, alpha=0.9)
     base = sum(state[k] for k in keys)
     ax.plot(x, (base + np.asarray(plan.timeline)) / 2**20, color="black", lw=0.8,
             label="of the block, live after each node")
+    ax.plot(x, (base + block + runtime) / 2**20, color="#8c2d2f", lw=0.8,
+            label="run-time allocations live after each node")
     ax.axhline(measured_peak / 2**20, color="black", ls="--", lw=1.2,
                label=f"measured peak {_mib(measured_peak)} (allocator)")
     if budget_bytes:
         ax.axhline(budget_bytes / 2**20, color="red", lw=1.5,
                    label=f"budget {_mib(budget_bytes)}")
     backward = next((i for i, name in enumerate(plan.order) if "_Grad" in name), None)
-    top = max(measured_peak, budget_bytes or 0) / 2**20
+    top = top_bytes / 2**20
     if backward is not None:
         ax.axvline(backward, color="0.3", lw=1, ls=":")
         ax.text(backward / 2, top * 1.02, "forward", ha="center", fontsize=9)
@@ -71,8 +83,8 @@ def plot_timeline(training_model: str, batch: int, state: dict, measured_peak: i
     ax.set_ylim(0, top * 1.1)
     ax.set_xlabel("node of the training step, in ORT's execution order")
     ax.set_ylabel("MiB")
-    ax.set_title(f"Training step memory at batch {batch}")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    ax.set_title(f"Training step memory at batch {batch} (the stack's top: the predicted peak)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     ax.set_xlim(0, max(1, n - 1))
     fig.tight_layout()
     path = out / "timeline.png"

@@ -5,7 +5,8 @@ import click
 import pytest
 
 from edgetrain.budget import (RUNTIME_SCALAR_BYTES, BudgetError, BudgetSplit, arena_rounded,
-                            budget_error_from)
+                            budget_error_from, fixes, with_prediction)
+from edgetrain.manifest import Plan
 from device_sim.measure import MARK, parse_arena_log
 from device_sim.profiles import PROFILES, get_profile
 from edgetrain.cli import parse_bytes
@@ -54,11 +55,39 @@ def test_arena_rounding():
 
 def test_budget_error_names_the_bytes():
     s = BudgetSplit.from_budget(100_000, 10_000)
-    e = budget_error_from(RuntimeError("... Available memory of 31488 is smaller than requested "
-                                       "bytes of 524288"), s, "a training step")
-    assert e.needed_bytes == 100_000 + 524288 - 31488
+    ort_error = RuntimeError("... Available memory of 31488 is smaller than requested bytes "
+                             "of 524288")
+    e = budget_error_from(ort_error, s, "a training step", micro_batch=4)
+    assert e.needed_bytes == 100_000 + 524288 - 31488 and e.micro_batch == 4
     assert "smaller --micro-batch" in str(e) and str(e.needed_bytes) in str(e)
+    assert "smaller --micro-batch" not in str(budget_error_from(ort_error, s, "x", micro_batch=1))
     assert budget_error_from(RuntimeError("unrelated"), s, "x") is None
+
+
+class FakeManifest:  # what fixes() reads of a manifest
+    def __init__(self, plan=Plan(), masks=(), provenance=None):
+        self.plan, self.masks, self.provenance = plan, masks, provenance or {}
+
+
+def test_fixes_name_only_what_applies():
+    custom = fixes(FakeManifest(), 8)
+    assert "--micro-batch" in custom and "--update head" in custom and "--width" not in custom
+    assert "--micro-batch" not in fixes(FakeManifest(), 1)
+    done = fixes(FakeManifest(Plan(update="head", recompute="sqrt"), masks=("m",)), 1)
+    assert done == "or a device profile with more RAM"
+    builtin = fixes(FakeManifest(provenance={"config": {"width": 0.5}}), 2)
+    assert "--width below 0.5" in builtin
+
+
+def test_prediction_joins_the_error_only_for_its_micro_batch():
+    e = BudgetError("x needs more. Try y.", 1000, 900, micro_batch=2)
+    assert with_prediction(e, {"batch": 4, "peak_bytes": 5000}, 2) is e
+    told = with_prediction(e, {"batch": 2, "peak_bytes": 5000}, 2)
+    assert told.predicted and "needs about 5000 bytes" in str(told) and "5050 bytes" in str(told)
+    assert told.needed_bytes == 5000 and str(told).endswith("Try y.")
+    under = with_prediction(BudgetError("x. Try y.", 1000, 9000, 2), {"batch": 2,
+                                                                      "peak_bytes": 5000}, 2)
+    assert "is below that" in str(under)  # a prediction under the failed request says so
 
 
 def test_log_parser_attributes_growth_to_phases():

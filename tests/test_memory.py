@@ -67,6 +67,19 @@ def test_budget_at_peak_trains_and_64k_below_fails(tiny_artifact, measured, tmp_
     assert (tmp_path / "ok" / "checkpoint").read_bytes() == before
 
 
+def test_budget_error_predicts_the_micro_batch_that_failed(tiny_artifact, measured, tmp_path):
+    """The manifest predicts the plan's micro-batch; another one is predicted when it fails."""
+    assert load_manifest(tiny_artifact).predicted["batch"] != 2
+    x, y = tiny_data(8)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    bad = cli("personalise", tiny_artifact, "--data", tmp_path / "d.npz", "--micro-batch", "2",
+              "--budget", measured[0]["peak_bytes"] // 2, "--out", tmp_path / "r")
+    assert bad.returncode == 3, bad.stderr
+    assert "At micro-batch 2 the whole step needs about" in bad.stderr or \
+        "The static prediction for micro-batch 2" in bad.stderr
+    assert "--width" not in bad.stderr  # a custom network has no width multiplier
+
+
 def test_budget_below_parameters_fails_before_loading(tiny_artifact, tmp_path):
     x, y = tiny_data(8)
     np.savez(tmp_path / "d.npz", x=x, y=y)
@@ -90,28 +103,36 @@ def test_plot_writes_the_timeline_and_the_graph(tiny_artifact, tmp_path):
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(p).stat().st_size > 10_000
 
 
-def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_total(tmp_path):
-    """The SVG graph view of a small two-block CNN: a box per block in execution order, the
-    bytes each box keeps for backward summing to the title's total, which is what the
-    forward analysis keeps (each kept output's shape x 4 bytes)."""
+def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_activations(tmp_path):
+    """The SVG graph view of a small two-block CNN: a box per block in execution order; the
+    boxes' shares of the activations plus the two rows for the rest sum to the predicted
+    breakdown's activations (the title's total); and the bytes each box keeps for backward
+    sum to what the forward analysis keeps (each kept output's shape x 4 bytes)."""
     import xml.etree.ElementTree as ET
 
     import numpy as np
 
     from exporters.graph import load_graph, without_identities
     from exporters.graphview import block_of, write_graph_svg
+    from exporters.predictor import predict_manifest
     from exporters.predictor.shapes import runtime_shapes
     from exporters.recompute import analyse
     from test_update_plans import export
 
     _, m = export(tmp_path, "all")
     train = str(tmp_path / "all" / m.files["training_model"].path)
-    svg = ET.parse(write_graph_svg(train, 4, tmp_path)).getroot()
+    svg = ET.parse(write_graph_svg(train, 4, tmp_path, threads=2, eval_model=str(
+        tmp_path / "all" / m.files["eval_model"].path))).getroot()
     ns = "{http://www.w3.org/2000/svg}"
     boxes = [g for g in svg.iter(ns + "g") if g.get("class") == "block"]
     # in execution order: the mean over time (outside any module) runs before the classifier
     assert [g.get("data-block") for g in boxes] == ["block1", "block2", "(top level)",
                                                     "classifier"]
+    labels = [int(g.get("data-activation-bytes")) for g in svg.iter(ns + "g")
+              if g.get("class") in ("block", "rest")]
+    predicted = predict_manifest(tmp_path / "all", m, 4, 2).breakdown["activations"]
+    assert sum(labels) == int(svg.get("data-activation-bytes")) == predicted > 0
+    assert all(int(g.get("data-activation-bytes")) > 0 for g in boxes[:2])  # blocks hold bytes
     assert sum(int(g.get("data-saved-bytes")) for g in boxes) == int(svg.get("data-saved-bytes"))
     model, _ = without_identities(load_graph(train))
     fwd, shapes = analyse(model), runtime_shapes(model, 4)

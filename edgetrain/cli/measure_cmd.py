@@ -2,15 +2,13 @@
 reports (device_sim/reports.py); these commands only parse and print."""
 from __future__ import annotations
 
-import contextlib
 import json
 
 import click
 
 from device_sim.profiles import PROFILES
-from edgetrain.budget import BudgetError
-from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors,
-                                  json_option, mib, resolve_budget)
+from edgetrain.cli.common import (budget_advice, budget_option, device_option,
+                                  exit_on_device_errors, json_option, mib, resolve_budget)
 
 
 @click.command()
@@ -22,16 +20,6 @@ def devices(as_json):
         return
     for p in PROFILES.values():
         click.echo(f"{p.name:18s} {p.ram_budget_bytes / 2**20:8.1f} MiB  {p.description}")
-
-
-@contextlib.contextmanager
-def batch_not_micro_batch():
-    """measure's option is --batch: the budget error's advice says so."""
-    try:
-        yield
-    except BudgetError as e:
-        raise BudgetError(str(e).replace("a smaller --micro-batch", "a smaller --batch"),
-                          e.budget_bytes, e.needed_bytes) from e
 
 
 @click.command(options_metavar="--batch N [--device P | --budget BYTES] [OPTIONS]")
@@ -57,7 +45,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     from device_sim.reports import measure_report  # host side: reads the graphs with onnx
 
     device, budget_bytes = resolve_budget(device, budget)
-    with exit_on_device_errors(), batch_not_micro_batch():
+    with exit_on_device_errors(), budget_advice(artifact, batch, threads, "--batch"):
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,
                              plot_dir=plot_dir, select=select, adapt=adapt)

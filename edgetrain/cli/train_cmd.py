@@ -7,7 +7,8 @@ import json
 import click
 
 from device_sim.profiles import PROFILES
-from edgetrain.cli.common import (Bytes, Progress, exit_on_device_errors, fixed_address_layout,
+from edgetrain.cli.common import (Bytes, Progress, budget_advice, exit_on_device_errors,
+                                  fixed_address_layout,
                                   json_option, mib, resolve_budget)
 from edgetrain.masks import UPDATERS
 from edgetrain.selection import gain_interval
@@ -98,7 +99,7 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
     fixed_address_layout()
-    with exit_on_device_errors():
+    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
         if labels_per_class == 0:  # label-free: adaptation only, nothing to select with
             if adapt == "none":
                 raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
@@ -176,7 +177,7 @@ def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples,
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
     fixed_address_layout()
-    with exit_on_device_errors():
+    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
         train, test = user_data(artifact, user, data_file, test_file)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
                             micro_batch, threads)

@@ -22,7 +22,8 @@ from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
-from exporters.predictor.plan import plan_step
+from exporters.predictor.plan import StepPlan, plan_step
+from exporters.predictor.shapes import Shapes
 from exporters.predictor.scratch import scratch_bytes
 
 SUPPORTED_ORT_VERSION = "1.19.2"
@@ -132,6 +133,25 @@ def check_ort_version() -> str:
     return found
 
 
+def known_shapes(eval_path: str, batch: int) -> Shapes | None:
+    """Forward tensor shapes from running the eval graph, or None where ORT cannot run it
+    forward (shapes are then inferred from the graph alone)."""
+    try:
+        return forward_shapes(eval_path, batch)
+    except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
+        return None
+
+
+def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
+                     ) -> list[tuple[StepPlan, int]]:
+    """The step's plan in both orders of Shape nodes, each with its activation bytes: the
+    memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
+    prediction claims the larger."""
+    plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
+    return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
+            for p in plans]
+
+
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
             threads: int) -> Prediction:
     """Predicted peak of the training cycle at `batch` for the artifact in `folder`.
@@ -146,16 +166,12 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
     eval_path = str(folder / files[names.EVAL_MODEL])
-    try:
-        known = forward_shapes(eval_path, batch)
-    except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
-        known = None
+    known = known_shapes(eval_path, batch)
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:
-        plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
-        acts = [arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known)
-                for p in plans]
+        pairs = activation_plans(train, batch, threads, known)
+        acts = [a for _, a in pairs]
         graph = optimized_graph(train)
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
@@ -176,7 +192,7 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     ops = {n.op_type for n in graph.graph.node}
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
                       breakdown=breakdown, onnxruntime=version,
-                      unsized_tensors=plans[0].unsized,
+                      unsized_tensors=pairs[0][0].unsized,
                       unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)),
                       activations_range_bytes=(min(acts), max(acts)))
 

@@ -42,6 +42,9 @@ class StepPlan:
     unsized: tuple[str, ...] = ()  # tensors whose size could not be found (counted as 0)
     # run-time allocations: (tensor, bytes, first node index, last node index) in `order`
     dynamic: tuple[tuple[str, int, int, int], ...] = ()
+    # the pattern buffers live when most are (live_peak_bytes): (tensor, bytes), the tensor
+    # the buffer holds at that moment (the last written into it: ORT reuses buffers)
+    peak_buffers: tuple[tuple[str, int], ...] = ()
 
 
 def hoist_shape_ops(nodes, order: list[int]) -> list[int]:
@@ -152,7 +155,11 @@ def _trace(nodes, order, batch, sized, symb, reuse: _Reuse, model) -> StepPlan:
     last = len(order) - 1
     blocks: list[tuple[int, int, str]] = []  # offset, size, buffer
     total, timeline, dynamic, unsized = 0, [], [], []
+    holds: dict[str, str] = {}  # buffer -> the tensor written into it last
     for t, i in enumerate(order):
+        for o in nodes[i].output:
+            if o:
+                holds[reuse.buffer.get(o, o)] = o
         for o in nodes[i].output:
             if not o or (o not in reuse.new and o not in reuse.outputs):
                 continue
@@ -178,9 +185,12 @@ def _trace(nodes, order, batch, sized, symb, reuse: _Reuse, model) -> StepPlan:
                  if x}
         blocks[:] = [b for b in blocks if not (b[2] in freed and reuse.end.get(b[2]) == t)]
         timeline.append(sum(b[1] for b in blocks))
+        if timeline[-1] > max(timeline[:-1], default=-1):
+            peak = tuple((holds.get(name, name), size) for _, size, name in blocks)
     return StepPlan(batch=batch, order=tuple(nodes[i].name for i in order),
                     pattern_bytes=total, live_peak_bytes=max(timeline, default=0),
-                    timeline=tuple(timeline), unsized=tuple(unsized), dynamic=tuple(dynamic))
+                    timeline=tuple(timeline), unsized=tuple(unsized), dynamic=tuple(dynamic),
+                    peak_buffers=peak if timeline else ())
 
 
 def _best_fit(blocks, size: int, total: int) -> int:

@@ -76,9 +76,13 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitRe
         p = predict_manifest(artifact, manifest, b)
         return p.peak_bytes if p.complete else None
 
-    return largest_batch(predicted_peak,
-                         lambda b: measure(artifact, b, budget_bytes, steps=steps),
-                         budget_bytes)
+    def confirmed(b: int):
+        try:
+            return measure(artifact, b, budget_bytes, steps=steps)
+        except BudgetError as e:  # the error fit reports says what that batch needs
+            raise with_predicted_need(e, artifact, b) from e
+
+    return largest_batch(predicted_peak, confirmed, budget_bytes)
 
 
 def with_predicted_need(err: BudgetError, artifact: str | Path, micro_batch: int | None,

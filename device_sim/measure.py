@@ -74,7 +74,9 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
             if err.exists():
                 e = json.loads(err.read_text())
                 if e["kind"] == "BudgetError":
-                    raise BudgetError(e["message"], e["budget_bytes"], e["needed_bytes"])
+                    raise BudgetError(e["message"], e["budget_bytes"], e["needed_bytes"],
+                                      e.get("micro_batch"), e.get("threads"),
+                                      e.get("predicted", False))
                 raise {"MemoryError": MemoryError, "ValueError": ValueError}.get(
                     e["kind"], RuntimeError)(e["message"])
             tail = "\n".join(text.splitlines()[-5:])
@@ -177,7 +179,8 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     except BudgetError as e:
         Path(tmp, "error.json").write_text(json.dumps(
             {"kind": "BudgetError", "message": str(e), "budget_bytes": e.budget_bytes,
-             "needed_bytes": e.needed_bytes}))
+             "needed_bytes": e.needed_bytes, "micro_batch": e.micro_batch,
+             "threads": e.threads, "predicted": e.predicted}))
         sys.exit(3)
     except Exception as e:  # reported to the parent, which re-raises it as its kind
         kind = ("MemoryError" if isinstance(e, MemoryError) else

@@ -135,3 +135,42 @@ def plot_graph(training_model: str, batch: int, out: Path, max_nodes: int = 400)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_frontier(result: dict, path: str | Path) -> Path:
+    """A plan search (device_sim/planner.PlanResult.to_dict()): each micro-batch's predicted
+    peak against its step time (predicted; measured where a capped run confirmed it), the
+    budget as a line, the chosen plan ringed."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    cands = result["candidates"]
+    claimed = [c for c in cands if c["predicted_peak_bytes"] is not None]
+    ax.scatter([c["predicted_step_time_s"] for c in claimed],
+               [c["predicted_peak_bytes"] / 2**20 for c in claimed], s=18, color="0.6",
+               label="predicted (peak, step time)")
+    for state, colour in (("fits", "#55a868"), ("over budget", "#c44e52")):
+        ran = [c for c in cands if c["confirmed"] == state and c["measured_peak_bytes"]]
+        ax.scatter([c["measured_step_time_s"] or c["predicted_step_time_s"] for c in ran],
+                   [c["measured_peak_bytes"] / 2**20 for c in ran], s=40, color=colour,
+                   label=f"capped run: {state} (measured)")
+    for c in claimed:
+        ax.annotate(str(c["micro_batch"]), (c["predicted_step_time_s"],
+                                            c["predicted_peak_bytes"] / 2**20), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.axhline(result["budget_bytes"] / 2**20, color="red", lw=1.2,
+               label=f"budget {_mib(result['budget_bytes'])}")
+    chosen = result["chosen"]
+    if chosen:
+        ax.scatter([chosen["measured_step_time_s"]], [chosen["measured_peak_bytes"] / 2**20],
+                   s=160, facecolors="none", edgecolors="black", lw=1.5,
+                   label=f"plan: micro-batch {chosen['micro_batch']} x "
+                         f"{chosen['accumulation_steps']}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"step time on this machine, s ({result['effective_batch']} items a step)")
+    ax.set_ylabel("peak, MiB")
+    ax.set_title("Plans: peak against step time (numbers: micro-batch)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,72 @@
+"""The planner: over a range of budgets on a small net it never recommends a plan whose
+capped run failed or went over its budget, it says so when nothing fits, and a written plan
+round-trips through the manifest. The host's speed is given (a fixed HostSpeed), so what the
+test checks does not depend on how fast this machine is; host_speed itself is checked apart."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import export_tiny
+from device_sim.hostprofile import HostSpeed, host_speed
+from device_sim.measure import measure
+from device_sim.planner import items_per_sample, plan, sizes, write_plan
+from edgetrain.manifest import load_manifest
+
+SPEED = HostSpeed(threads=2, compute_flops_per_s=2e10, memory_bandwidth_bytes_per_s=5e9,
+                  node_overhead_s=5e-6, call_overhead_s=5e-5, cpu="test", onnxruntime="1.19.2")
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "tiny"
+    export_tiny(out, micro_batch=1)
+    return out
+
+
+def test_sizes_are_divisors_and_powers_of_two():
+    assert sizes(12) == [1, 2, 3, 4, 6, 8, 12]
+    assert len(sizes(1568, limit=10)) <= 10 and sizes(1568, limit=10)[0] == 1
+    assert sizes(1568, limit=10)[-1] == 1568
+
+
+def test_plan_never_recommends_a_plan_over_its_budget(art):
+    peak = {b: measure(art, b, steps=1).peak_bytes for b in (1, 8)}
+    budgets = [peak[1] - 4096, peak[1] + 1024, (peak[1] + peak[8]) // 2, peak[8] * 4]
+    chosen = []
+    for budget in budgets:
+        r = plan(art, budget, effective_batch=8, steps=1, speed=SPEED)
+        for c in r.candidates:  # every capped run that passed stayed within the budget
+            if c.confirmed == "fits":
+                assert c.measured_peak_bytes <= budget
+        if r.chosen is not None:
+            assert r.chosen.confirmed == "fits" and r.chosen.measured_peak_bytes <= budget
+            assert r.chosen.micro_batch * r.chosen.accumulation_steps >= 8
+        chosen.append(r.chosen)
+    assert chosen[0] is None  # below micro-batch 1's peak nothing trains, and it says so
+    assert chosen[1] is not None and chosen[1].micro_batch == 1
+    assert chosen[-1] is not None
+    ran = [c for c in plan(art, budgets[-1], effective_batch=8, steps=1, speed=SPEED).candidates
+           if c.confirmed != "not run"]
+    assert len(ran) == 2  # the winner and the runner-up, no more
+
+
+def test_written_plan_round_trips(art, tmp_path):
+    mine = tmp_path / "tiny"
+    shutil.copytree(art, mine)
+    r = plan(mine, 64 << 20, effective_batch=4, steps=1, speed=SPEED)
+    write_plan(mine, r)
+    m = load_manifest(mine)  # hashes still verify
+    assert (m.plan.micro_batch, m.plan.accumulation_steps) == (r.chosen.micro_batch,
+                                                               r.chosen.accumulation_steps)
+    assert m.predicted["batch"] == r.chosen.micro_batch
+    assert m.provenance["plan_search"]["chosen"]["micro_batch"] == r.chosen.micro_batch
+    assert items_per_sample(m) == 1
+
+
+def test_host_speed_is_measured_and_cached(tmp_path):
+    s = host_speed(1, cache=tmp_path)
+    assert s.compute_flops_per_s > 1e8 and s.memory_bandwidth_bytes_per_s > 1e8
+    assert 0 <= s.node_overhead_s < 1e-2 and 0 < s.call_overhead_s < 1e-1
+    assert host_speed(1, cache=tmp_path) == s  # read back, not measured again

@@ -23,6 +23,7 @@ from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
 from exporters.cost import step_cost
+from exporters.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
 from edgetrain import names
 
@@ -78,13 +79,29 @@ def sizes(effective_batch: int, limit: int = MAX_CANDIDATES) -> list[int]:
     return sorted({ordered[round(i * step)] for i in range(limit)})
 
 
+DENSE_OPS = {"Conv", "ConvGrad", "Gemm", "MatMul", "FusedMatMul"}
+
+
+def node_time_s(op: str, group: int, flops: int, nbytes: int, speed: HostSpeed) -> float:
+    """One node's predicted time on the host: a roofline at the measured rates (grouped
+    convolutions at the depthwise rate) plus the measured dispatch cost of its kind."""
+    memory = nbytes / speed.memory_bandwidth_bytes_per_s
+    if op in DENSE_OPS:
+        rate = speed.depthwise_flops_per_s if group > 1 else speed.compute_flops_per_s
+        return max(flops / rate, memory) + speed.compute_node_overhead_s
+    return max(flops / speed.compute_flops_per_s, memory) + speed.node_overhead_s
+
+
 def predicted_time_s(training_model: str, m: int, accumulation: int, trained_values: int,
                      speed: HostSpeed) -> float:
+    """A step of `accumulation` micro-batches of m items, and one AdamW update."""
+    groups = {n.name: int(attributes(n).get("group", 1)) for n in load_graph(training_model)
+              .graph.node if n.op_type in ("Conv", "ConvGrad")}
     cost = step_cost(training_model, m, trained_values)
-    per_call = sum(max(f / speed.compute_flops_per_s, b / speed.memory_bandwidth_bytes_per_s)
-                   + speed.node_overhead_s for name, _, f, b in cost.nodes if name != "AdamW")
-    adamw = next(max(f / speed.compute_flops_per_s, b / speed.memory_bandwidth_bytes_per_s)
-                 for name, _, f, b in cost.nodes if name == "AdamW")
+    per_call = sum(node_time_s(op, groups.get(name, 1), f, b, speed)
+                   for name, op, f, b in cost.nodes if name != "AdamW")
+    adamw = sum(max(f / speed.compute_flops_per_s, b / speed.memory_bandwidth_bytes_per_s)
+                for name, _, f, b in cost.nodes if name == "AdamW")
     return accumulation * (per_call + speed.call_overhead_s) + adamw
 
 

@@ -14,8 +14,9 @@ from device_sim.measure import measure
 from device_sim.planner import items_per_sample, plan, sizes, write_plan
 from edgetrain.manifest import load_manifest
 
-SPEED = HostSpeed(threads=2, compute_flops_per_s=2e10, memory_bandwidth_bytes_per_s=5e9,
-                  node_overhead_s=5e-6, call_overhead_s=5e-5, cpu="test", onnxruntime="1.19.2")
+SPEED = HostSpeed(threads=2, compute_flops_per_s=2e10, depthwise_flops_per_s=2e9,
+                  memory_bandwidth_bytes_per_s=5e9, compute_node_overhead_s=1e-5,
+                  node_overhead_s=5e-7, call_overhead_s=5e-5, cpu="test", onnxruntime="1.19.2")
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,15 @@ def art(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan") / "tiny"
     export_tiny(out, micro_batch=1)
     return out
+
+
+def test_node_time_uses_the_rate_of_its_kind():
+    from device_sim.planner import node_time_s
+
+    dense = node_time_s("Conv", 1, 2 * 10**9, 0, SPEED)
+    depthwise = node_time_s("Conv", 32, 2 * 10**9, 0, SPEED)
+    assert dense == pytest.approx(0.1 + 1e-5) and depthwise == pytest.approx(1.0 + 1e-5)
+    assert node_time_s("Add", 1, 0, 5 * 10**9, SPEED) == pytest.approx(1.0 + 5e-7)
 
 
 def test_sizes_are_divisors_and_powers_of_two():
@@ -68,5 +78,7 @@ def test_written_plan_round_trips(art, tmp_path):
 def test_host_speed_is_measured_and_cached(tmp_path):
     s = host_speed(1, cache=tmp_path)
     assert s.compute_flops_per_s > 1e8 and s.memory_bandwidth_bytes_per_s > 1e8
-    assert 0 <= s.node_overhead_s < 1e-2 and 0 < s.call_overhead_s < 1e-1
+    assert s.depthwise_flops_per_s > 1e7
+    assert 0 <= s.node_overhead_s < 1e-2 and 0 <= s.compute_node_overhead_s < 1e-2
+    assert 0 < s.call_overhead_s < 1e-1
     assert host_speed(1, cache=tmp_path) == s  # read back, not measured again

@@ -51,10 +51,12 @@ def plan(artifact, device, budget, samples, threads, steps, write, plot_file, as
     click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}  step: "
                f"{r.effective_batch} items ({r.effective_batch // per} samples)  threads: "
                f"{r.threads}")
-    click.echo(f"this machine, measured: {h['compute_flops_per_s'] / 1e9:.1f} GFLOP/s, "
-               f"{h['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
-               f"{h['node_overhead_s'] * 1e6:.1f} us a node, {h['call_overhead_s'] * 1e6:.0f} "
-               "us a call")
+    click.echo(f"this machine, measured: {h['compute_flops_per_s'] / 1e9:.1f} GFLOP/s dense, "
+               f"{h['depthwise_flops_per_s'] / 1e9:.1f} grouped, "
+               f"{h['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; a node costs "
+               f"{h['compute_node_overhead_s'] * 1e6:.1f} us (convolution) or "
+               f"{h['node_overhead_s'] * 1e6:.2f} us (other), a call "
+               f"{h['call_overhead_s'] * 1e6:.0f} us")
     click.echo(f"{'micro-batch':>11} {'x acc':>6} {'predicted peak':>16} {'predicted s':>12} "
                f"{'measured peak':>15} {'measured s':>11}  confirmed")
     for c in r.candidates:

@@ -1,0 +1,146 @@
+"""The planner against today's plan, and the latency model against measured step times.
+
+    .venv/bin/python bench/planner.py            # ~25 min on 2 cores
+    .venv/bin/python bench/planner.py --report   # tables and pictures from saved results
+
+Every artifact here is exported untrained (`--epochs 0`): a step's time and peak depend on
+the graph and the plan, not on the weights, and the stack's pretrained models take hours.
+1. C6's configuration (patch MobileNet at width 1.0, 10% of its weights kept under ERK,
+   recompute sqrt; a step of 32 windows, 1,568 patches): today's plan, micro-batch 1 x 1,568,
+   measured, against `edgetrain plan`'s choice for `watchos-extension` and `watch-app-low`
+   (its capped runs, and its frontier picture).
+2. The latency model (device_sim/planner.py, on this machine's measured speed) beside the
+   measured step time for each stack row's configuration (C1-C6 and C8, at the row's
+   micro-batch and accumulation).
+Results: bench/results/planner.json; tables in docs/results.md (markers `planner` and
+`latency`); pictures docs/img/plan-frontier-<device>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from pathlib import Path
+
+from common import ROOT, replace_table, run, save_results
+
+from stack_config import DENSITY, EFFECTIVE_BATCH, STACK
+
+RESULTS = ROOT / "bench" / "results" / "planner.json"
+DOC = ROOT / "docs" / "results.md"
+DEVICES = ("watchos-extension", "watch-app-low")
+WIDTH = 1.0  # the stack's width for every network
+
+
+def export(out: Path, network: str, sparse: bool, recompute: str, micro_batch: int,
+           accumulation: int, update: str = "all") -> Path:
+    run("export", "--model", network, "--width", str(WIDTH), "--epochs", "0",
+        "--density", str(DENSITY if sparse else 1.0), "--recompute", recompute,
+        "--micro-batch", str(micro_batch), "--accumulate", str(accumulation),
+        "--update", update, "--out", str(out), "--json")
+    return out
+
+
+def measured_step(art: Path, batch: int, accumulation: int, steps: int,
+                  device: str | None = None) -> dict:
+    args = ["measure", str(art), "--batch", str(batch), "--accumulate", str(accumulation),
+            "--steps", str(steps), "--no-select", "--json"]
+    return json.loads(run(*args, *(["--device", device] if device else [])))
+
+
+def predicted_step_s(art: Path, batch: int, accumulation: int) -> float:
+    from device_sim.hostprofile import host_speed
+    from device_sim.planner import predicted_time_s
+    from edgetrain import names
+    from edgetrain.manifest import load_manifest
+
+    m = load_manifest(art)
+    train = str(art / m.files[names.TRAINING_MODEL].path)
+    trained = sum(math.prod(t.shape) for t in m.trainable)
+    return predicted_time_s(train, batch, accumulation, trained, host_speed(m.plan.threads))
+
+
+def planner_rows(tmp: Path) -> list[dict]:
+    c6 = next(c for c in STACK if c.name == "C6")
+    art = export(tmp / "c6", c6.network, c6.sparse, c6.recompute, c6.micro_batch,
+                 c6.accumulation)
+    today = measured_step(art, c6.micro_batch, c6.accumulation, 1)
+    rows = []
+    for device in DEVICES:
+        plot = ROOT / "docs" / "img" / f"plan-frontier-{device}.png"
+        r = json.loads(run("plan", str(art), "--device", device, "--plot", str(plot),
+                           "--json"))
+        chosen = r["chosen"]
+        rows.append({"kind": "planner", "config": "C6", "device": device,
+                     "budget_bytes": r["budget_bytes"], "items_per_step": r["effective_batch"],
+                     "today_micro_batch": c6.micro_batch,
+                     "today_step_time_s": today["step_time_s"],
+                     "today_peak_bytes": today["peak_bytes"],
+                     "today_fits": today["peak_bytes"] <= r["budget_bytes"],
+                     "chosen": chosen, "runner_up": r["runner_up"], "reason": r["reason"],
+                     "speedup": (today["step_time_s"] / chosen["measured_step_time_s"]
+                                 if chosen else None),
+                     "candidates": r["candidates"], "host": r["host"],
+                     "frontier": str(plot.relative_to(ROOT))})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "candidates"}),
+              flush=True)
+    return rows
+
+
+def latency_rows(tmp: Path) -> list[dict]:
+    rows = []
+    for c in STACK:
+        update = "head" if c.update.startswith("auto") else c.update
+        art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
+                     c.accumulation, update)
+        steps = 1 if c.accumulation > 64 or c.network == "resnet50" else 3
+        got = measured_step(art, c.micro_batch, c.accumulation, steps)
+        pred = predicted_step_s(art, c.micro_batch, c.accumulation)
+        rows.append({"kind": "latency", "config": c.name, "network": c.network,
+                     "update": update, "micro_batch": c.micro_batch,
+                     "accumulation": c.accumulation, "measured_step_time_s": got["step_time_s"],
+                     "predicted_step_time_s": pred, "ratio": got["step_time_s"] / pred})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    lines = ["| device | budget | today: micro-batch 1 × 1,568 | measured peak | plan | "
+             "measured peak | step time | windows/s | vs today |", "|---|---:|---:|---:|---|"
+             "---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["kind"] == "planner"):
+        c = r["chosen"]
+        win = EFFECTIVE_BATCH / c["measured_step_time_s"] if c else 0
+        today = (f"{r['today_step_time_s']:.1f} s ({EFFECTIVE_BATCH / r['today_step_time_s']:.2f}"
+                 " windows/s)")
+        fits = "" if r["today_fits"] else " (over budget)"
+        lines.append(
+            f"| `{r['device']}` | {r['budget_bytes']:,} | {today} | "
+            f"{r['today_peak_bytes']:,}{fits} | "
+            + (f"{c['micro_batch']} × {c['accumulation_steps']} | {c['measured_peak_bytes']:,} "
+               f"| {c['measured_step_time_s']:.2f} s | {win:.1f} | {r['speedup']:.1f}× |"
+               if c else f"none: {r['reason']} | | | | |"))
+    replace_table(DOC, lines, "planner")
+    lines = ["| row | network | plan | measured step | predicted (host model) | measured / "
+             "predicted |", "|---|---|---|---:|---:|---:|"]
+    for r in (r for r in rows if r["kind"] == "latency"):
+        lines.append(f"| {r['config']} | {r['network']} ({r['update']}) | {r['micro_batch']} × "
+                     f"{r['accumulation']} | {r['measured_step_time_s']:.3f} s | "
+                     f"{r['predicted_step_time_s']:.3f} s | {r['ratio']:.2f} |")
+    replace_table(DOC, lines, "latency")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true", help="only rebuild the tables")
+    args = ap.parse_args()
+    if not args.report:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = planner_rows(Path(tmp)) + latency_rows(Path(tmp))
+        save_results("planner", rows)
+    report(json.loads(RESULTS.read_text()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """The planner against today's plan, and the latency model against measured step times.
 
-    .venv/bin/python bench/planner.py            # ~25 min on 2 cores
-    .venv/bin/python bench/planner.py --report   # tables and pictures from saved results
+    .venv/bin/python bench/planner.py            # ~25 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/planner.py --fresh    # measure everything again
+    .venv/bin/python bench/planner.py --report   # tables from saved results
 
 Every artifact here is exported untrained (`--epochs 0`): a step's time and peak depend on
 the graph and the plan, not on the weights, and the stack's pretrained models take hours.
@@ -61,18 +62,31 @@ def predicted_step_s(art: Path, batch: int, accumulation: int) -> float:
     return predicted_time_s(train, batch, accumulation, trained, host_speed(m.plan.threads))
 
 
-def planner_rows(tmp: Path) -> list[dict]:
+def saved_rows() -> list[dict]:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+
+
+def keep(row: dict) -> dict:
+    """Save the row with those before it (an interrupted run continues after it)."""
+    save_results("planner", [*saved_rows(), row])
+    print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
+    return row
+
+
+def planner_rows(tmp: Path, done: set) -> list[dict]:
+    if all(("planner", "C6", d) in done for d in DEVICES):
+        return []
     c6 = next(c for c in STACK if c.name == "C6")
     art = export(tmp / "c6", c6.network, c6.sparse, c6.recompute, c6.micro_batch,
                  c6.accumulation)
     today = measured_step(art, c6.micro_batch, c6.accumulation, 1)
     rows = []
-    for device in DEVICES:
+    for device in (d for d in DEVICES if ("planner", "C6", d) not in done):
         plot = ROOT / "docs" / "img" / f"plan-frontier-{device}.png"
         r = json.loads(run("plan", str(art), "--device", device, "--plot", str(plot),
                            "--json"))
         chosen = r["chosen"]
-        rows.append({"kind": "planner", "config": "C6", "device": device,
+        rows.append(keep({"kind": "planner", "config": "C6", "device": device,
                      "budget_bytes": r["budget_bytes"], "items_per_step": r["effective_batch"],
                      "today_micro_batch": c6.micro_batch,
                      "today_step_time_s": today["step_time_s"],
@@ -82,26 +96,24 @@ def planner_rows(tmp: Path) -> list[dict]:
                      "speedup": (today["step_time_s"] / chosen["measured_step_time_s"]
                                  if chosen else None),
                      "candidates": r["candidates"], "host": r["host"],
-                     "frontier": str(plot.relative_to(ROOT))})
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "candidates"}),
-              flush=True)
+                     "frontier": str(plot.relative_to(ROOT))}))
     return rows
 
 
-def latency_rows(tmp: Path) -> list[dict]:
+def latency_rows(tmp: Path, done: set) -> list[dict]:
     rows = []
-    for c in STACK:
+    for c in (c for c in STACK if ("latency", c.name, None) not in done):
         update = "head" if c.update.startswith("auto") else c.update
         art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
                      c.accumulation, update)
         steps = 1 if c.accumulation > 64 or c.network == "resnet50" else 3
         got = measured_step(art, c.micro_batch, c.accumulation, steps)
         pred = predicted_step_s(art, c.micro_batch, c.accumulation)
-        rows.append({"kind": "latency", "config": c.name, "network": c.network,
-                     "update": update, "micro_batch": c.micro_batch,
-                     "accumulation": c.accumulation, "measured_step_time_s": got["step_time_s"],
-                     "predicted_step_time_s": pred, "ratio": got["step_time_s"] / pred})
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(keep({"kind": "latency", "config": c.name, "network": c.network,
+                          "update": update, "micro_batch": c.micro_batch,
+                          "accumulation": c.accumulation,
+                          "measured_step_time_s": got["step_time_s"],
+                          "predicted_step_time_s": pred, "ratio": got["step_time_s"] / pred}))
     return rows
 
 
@@ -134,12 +146,16 @@ def report(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the tables")
+    ap.add_argument("--fresh", action="store_true", help="forget saved rows, measure all")
     args = ap.parse_args()
+    if args.fresh:
+        RESULTS.unlink(missing_ok=True)
     if not args.report:
+        done = {(r["kind"], r["config"], r.get("device")) for r in saved_rows()}
         with tempfile.TemporaryDirectory() as tmp:
-            rows = planner_rows(Path(tmp)) + latency_rows(Path(tmp))
-        save_results("planner", rows)
-    report(json.loads(RESULTS.read_text()))
+            planner_rows(Path(tmp), done)
+            latency_rows(Path(tmp), done)
+    report(saved_rows())
 
 
 if __name__ == "__main__":

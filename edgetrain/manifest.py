@@ -120,14 +120,20 @@ class Manifest:
         check_patching(self.input.sample_shape, self.input.image_shape, self.plan.patch_size)
         trainable = {t.name: t for t in self.trainable}
         frozen = {t.name: t for t in self.frozen}
-        for m in self.masks:
-            v, p = trainable.get(m.values), frozen.get(m.positions)
+        for m in self.masks:  # a frozen masked layer keeps its values frozen (update plans)
+            v, p = trainable.get(m.values, frozen.get(m.values)), frozen.get(m.positions)
             if (v is None or p is None or v.shape != (m.nnz,) or p.shape != (m.nnz,)
                     or p.dtype != "int32" or not 0 < m.nnz <= m.numel):
                 raise ArtifactError(
                     f"mask of {m.weight!r} does not match the artifact's tensors: it needs a "
-                    f"trainable {m.values!r} and a frozen int32 {m.positions!r}, both of shape "
+                    f"{m.values!r} tensor and a frozen int32 {m.positions!r}, both of shape "
                     f"({m.nnz},), with 0 < nnz <= {m.numel}; re-export the artifact")
+
+    @property
+    def trained_masks(self) -> tuple[MaskSpec, ...]:
+        """The masks of layers that train: the ones mask updates may change."""
+        trainable = {t.name for t in self.trainable}
+        return tuple(m for m in self.masks if m.values in trainable)
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / MANIFEST_NAME

@@ -30,10 +30,10 @@ def update_masks(rt, method: str, fraction: float, batches: list,
     step count and the learning rate carry on. Call between optimizer steps."""
     if method not in UPDATERS:
         raise ValueError(f"unknown mask updater {method!r}; choose one of {sorted(UPDATERS)}")
-    masks = rt.manifest.masks
+    masks = rt.manifest.trained_masks
     if not masks:
-        raise ValueError("the artifact has no sparse masks; export it with --density < 1 "
-                         "to train it sparse")
+        raise ValueError("the artifact has no sparse layer that trains; export it with "
+                         "--density < 1 and an update plan that trains a masked layer")
     grads = rt.dense_gradients(batches) if UPDATERS[method].needs_dense_grad else {}
     params = rt.state.parameters
     layers = {m.values: MaskedLayer(params[m.values].data, params[m.positions].data, m.numel,

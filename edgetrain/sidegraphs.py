@@ -64,7 +64,7 @@ class SideGraphs:
                             f"the dense gradients at micro-batch {len(x)}")
             for name, g in outs.items():
                 total[name] = g if name not in total else total[name] + g
-        return {m.weight: total[names.grad_name(m.weight)] for m in self._manifest.masks}
+        return {m.weight: total[names.grad_name(m.weight)] for m in self._manifest.trained_masks}
 
     def batchnorm_means(self, batches: Iterable[np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """Each running statistic's mean over `batches` (inputs [B, *sample_shape]) of its batch

@@ -69,9 +69,11 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     rt.set_micro_batch(b)
     lrs = tuple(config.lrs or (lr_grid(lr0) if val is not None else (lr0,)))
     schedule = config.masks
-    if schedule is not None and not m.masks:
-        raise ValueError(f"mask updates ({schedule.method}) need a sparse artifact; {artifact} "
-                         "is dense: export it with --density below 1")
+    if schedule is not None and not m.trained_masks:
+        raise ValueError(f"mask updates ({schedule.method}) need a sparse layer that trains; "
+                         f"{artifact} " + (f"freezes every one (update plan {m.plan.update!r})"
+                                           if m.masks else "is dense: export it with --density "
+                                           "below 1"))
     adapt = config.adapt == "bn"
     if adapt and names.BATCHNORM_STATS_MODEL not in m.files:
         why = ("stores frozen weights in 8 bits, which the statistics graph cannot read (export "

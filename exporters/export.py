@@ -145,9 +145,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     fwd = torch_to_onnx(model, example_input, saved)
     check_operators(fwd)
     if update is not None:
-        use = first_use(fwd.graph, [masked.get(n, n) for n in dense_shapes])
-        trainable = updateplans.resolve(
-            update, dense_shapes, {n: use[masked.get(n, n)] for n in dense_shapes})
+        use = first_use(fwd.graph, list(dense_shapes))
+        use.update({n: updateplans.first_layer_use(fwd.graph, v) for n, v in masked.items()})
+        trainable = updateplans.resolve(update, dense_shapes, use)
         trainable = [masked.get(n, n) for n in trainable]  # a masked weight trains as its values
         frozen = [n for n in params if n not in trainable] + list(buffers)
         if not trainable:
@@ -206,9 +206,10 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                                recompute_note=rplan.note)
     optimizer = optimizer_settings(out / FILES[names.OPTIMIZER_MODEL], lr)
     files = dict(FILES)
-    if masks:
+    trained_masks = tuple(k for k in masks if k.values in trainable)  # others stay as they are
+    if trained_masks:
         files[names.MASK_GRAD_MODEL] = SIDE_FILES[names.MASK_GRAD_MODEL]
-        write_mask_grad_model(out / FILES[names.TRAINING_MODEL], masks,
+        write_mask_grad_model(out / FILES[names.TRAINING_MODEL], trained_masks,
                               out / files[names.MASK_GRAD_MODEL])
     stats = SIDE_FILES[names.BATCHNORM_STATS_MODEL]
     if not int8 and write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),

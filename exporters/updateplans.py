@@ -35,6 +35,22 @@ def first_use(graph: onnx.GraphProto, names: list[str]) -> dict[str, int]:
     return {n: order.get(n, len(graph.node)) for n in names}
 
 
+LAYER_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
+def first_layer_use(graph: onnx.GraphProto, name: str) -> int:
+    """Where a masked weight's layer runs: the index of the first Conv/Gemm/MatMul node that
+    reads a tensor computed from `name` (a sparse layer's values are scattered into its
+    dense weight first, maybe far earlier in the graph); len(nodes) if none does."""
+    derived = {name}
+    for i, node in enumerate(graph.node):
+        if derived.intersection(node.input):
+            if node.op_type in LAYER_OPS:
+                return i
+            derived.update(o for o in node.output if o)
+    return len(graph.node)
+
+
 def _last(k: int) -> Callable[[dict, dict], list[str]]:
     def plan(shapes: dict[str, tuple], use: dict[str, int]) -> list[str]:
         layers = sorted((n for n in shapes if len(shapes[n]) >= 2), key=use.__getitem__)

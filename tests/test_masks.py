@@ -231,6 +231,6 @@ def test_cli_personalise_with_rigl_and_reset_bn(tmp_path, sparse_artifact, tiny_
     d = json.loads(r.stdout)
     assert (d["samples"], d["batches"]) == (20, 5) and d["torch_loaded"] is False
     r = cli("personalise", tiny_artifact, *data, "--mask-update", "set", "--out", tmp_path / "x")
-    assert r.returncode == 2 and "need a sparse artifact" in r.stderr
+    assert r.returncode == 2 and "is dense: export it with --density" in r.stderr
     r = cli("reset-bn", sparse_artifact, *data, "--samples", "0", "--out", tmp_path / "y")
     assert r.returncode == 2 and "at least 1 sample" in r.stderr

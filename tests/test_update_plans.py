@@ -203,3 +203,37 @@ def test_export_update_auto_chooses_a_plan_that_fits_and_measures_it(tmp_path):
     chosen = next(c for c in search["candidates"] if c["update"] == "head")
     assert abs(search["measured_peak_bytes"] / chosen["predicted_peak_bytes"] - 1) < 0.05
     assert all(c["gain_points"] is None for c in search["candidates"] if not c["fits"])
+
+
+def test_sparse_layers_follow_the_plan_and_frozen_ones_take_no_mask_update(tmp_path):
+    """A masked layer is ordered where its layer runs (not where its values are scattered
+    into the dense weight), trains as its values when the plan picks it, and stays frozen
+    otherwise: no mask-gradient graph for it, and mask updates are refused with the reason."""
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+
+    def sparse(update):
+        return export_artifact(small_cnn(), torch.zeros(2, *SAMPLE), tmp_path / update,
+                               classes=CLASSES, plan=Plan(micro_batch=4), lr=1e-2,
+                               freeze_batchnorm=True, update=update, layout="CT", density=0.5)
+
+    head = sparse("head")
+    assert [m.weight for m in head.masks] == ["block1.0.weight", "block2.0.weight"]
+    assert [t.name for t in head.trainable] == HEAD
+    assert head.trained_masks == () and "mask_grad_model" not in head.files
+    last2 = sparse("last:2")
+    assert [t.name for t in last2.trainable] == ["block2.0.weight_values", "block2.1.weight",
+                                                 "block2.1.bias", *HEAD]
+    assert [m.weight for m in last2.trained_masks] == ["block2.0.weight"]
+    assert "mask_grad_model" in last2.files
+    x, y = data(24)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    args = ["--data", tmp_path / "train.npz", "--budget", "8MiB", "--no-select", "--epochs", "1"]
+    ok = cli("personalise", tmp_path / "head", *args, "--out", tmp_path / "r1")
+    assert ok.returncode == 0, ok.stderr
+    refused = cli("personalise", tmp_path / "head", *args, "--mask-update", "rigl",
+                  "--out", tmp_path / "r2")
+    assert refused.returncode == 2 and "freezes every one" in refused.stderr
+    grown = cli("personalise", tmp_path / "last:2", *args, "--mask-update", "rigl",
+                "--mask-every", "1", "--out", tmp_path / "r3")
+    assert grown.returncode == 0, grown.stderr

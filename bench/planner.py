@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/planner.py            # ~25 min on 2 cores; continues a stopped run
     .venv/bin/python bench/planner.py --fresh    # measure everything again
+    .venv/bin/python bench/planner.py --repredict  # new predictions beside the saved times
     .venv/bin/python bench/planner.py --report   # tables from saved results
 
 Every artifact here is exported untrained (`--epochs 0`): a step's time and peak depend on
@@ -117,6 +118,20 @@ def latency_rows(tmp: Path, done: set) -> list[dict]:
     return rows
 
 
+def repredict(tmp: Path) -> None:
+    """The latency rows' predictions again (the cost model changed), their measurements kept."""
+    rows = saved_rows()
+    for r in rows:
+        if r["kind"] == "latency":
+            c = next(c for c in STACK if c.name == r["config"])
+            art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
+                         c.accumulation, r["update"])
+            r["predicted_step_time_s"] = predicted_step_s(art, c.micro_batch, c.accumulation)
+            r["ratio"] = r["measured_step_time_s"] / r["predicted_step_time_s"]
+            print(json.dumps(r), flush=True)
+    save_results("planner", rows)
+
+
 def report(rows: list[dict]) -> None:
     lines = ["| device | budget | today: micro-batch 1 × 1,568 | measured peak | plan | "
              "measured peak | step time | windows/s | vs today |", "|---|---:|---:|---:|---|"
@@ -147,10 +162,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the tables")
     ap.add_argument("--fresh", action="store_true", help="forget saved rows, measure all")
+    ap.add_argument("--repredict", action="store_true",
+                    help="only predict the latency rows again (measurements kept)")
     args = ap.parse_args()
     if args.fresh:
         RESULTS.unlink(missing_ok=True)
-    if not args.report:
+    if args.repredict:
+        with tempfile.TemporaryDirectory() as tmp:
+            repredict(Path(tmp))
+    elif not args.report:
         done = {(r["kind"], r["config"], r.get("device")) for r in saved_rows()}
         with tempfile.TemporaryDirectory() as tmp:
             planner_rows(Path(tmp), done)

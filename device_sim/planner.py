@@ -32,7 +32,7 @@ MAX_CANDIDATES = 24
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PlanCandidate:
     micro_batch: int
     accumulation_steps: int
     predicted_peak_bytes: int | None  # None: the predictor makes no claim at this size
@@ -49,9 +49,9 @@ class PlanResult:
     effective_batch: int  # items per optimizer step (patches, for a patch artifact)
     threads: int
     host: dict
-    candidates: tuple[Candidate, ...]  # every size looked at, fastest predicted first
-    chosen: Candidate | None
-    runner_up: Candidate | None
+    candidates: tuple[PlanCandidate, ...]  # every size looked at, fastest predicted first
+    chosen: PlanCandidate | None
+    runner_up: PlanCandidate | None
     reason: str
 
     def to_dict(self) -> dict:
@@ -121,10 +121,10 @@ def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = 
     for b in sizes(n):
         p = predict_manifest(artifact, m, b, threads)
         acc = -(-n // b)
-        cands.append(Candidate(b, acc, p.peak_bytes if p.complete else None,
+        cands.append(PlanCandidate(b, acc, p.peak_bytes if p.complete else None,
                                predicted_time_s(train, b, acc, trained, speed)))
     cands.sort(key=lambda c: c.predicted_step_time_s)
-    done: dict[int, Candidate] = {}
+    done: dict[int, PlanCandidate] = {}
     for c in cands:
         if len([d for d in done.values() if d.confirmed == "fits"]) >= confirm:
             break

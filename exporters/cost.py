@@ -41,6 +41,17 @@ def _conv_flops(x_shape, w_shape, y_shape, group: int) -> int:
     return 2 * n * cout * _numel(y_shape[2:]) * (x_shape[1] // group) * _numel(w_shape[2:])
 
 
+def _conv_grad_y(node, conv_out: dict, shapes) -> tuple | None:
+    """The shape of the convolution output a ConvGrad differentiates: its forward node's, or
+    dY's (a recompute plan may rebuild X or W under new names); None if X, W or it is unsized."""
+    if node.input[1] not in shapes or node.input[2] not in shapes:
+        return None
+    for name in (conv_out.get((node.input[1], node.input[2])), node.input[0]):
+        if name in shapes:
+            return shapes[name][0]
+    return None
+
+
 def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
     rows = node_costs(load_graph(training_model), batch)
     rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
@@ -62,9 +73,9 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
         if n.op_type == "Conv" and n.output[0] in shapes:
             flops = _conv_flops(shapes[n.input[0]][0], shapes[n.input[1]][0],
                                 shapes[n.output[0]][0], group)
-        elif n.op_type == "ConvGrad" and conv_out.get((n.input[1], n.input[2])) in shapes:
+        elif n.op_type == "ConvGrad" and _conv_grad_y(n, conv_out, shapes) is not None:
             # each gradient it produces (dX, dW) costs one convolution's multiply-adds
-            y = shapes[conv_out[(n.input[1], n.input[2])]][0]
+            y = _conv_grad_y(n, conv_out, shapes)
             produced = sum(1 for o in n.output[:2] if o)
             flops = produced * _conv_flops(shapes[n.input[1]][0], shapes[n.input[2]][0], y, group)
         elif n.op_type in ("Gemm", "MatMul") and n.output[0] in shapes:

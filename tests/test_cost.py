@@ -30,3 +30,23 @@ def test_roofline_time_scales_with_the_device(tiny_artifact):
     assert t_slow == pytest.approx(sum(max(f / slow.compute_flops_per_s,
                                            b / slow.memory_bandwidth_bytes_per_s)
                                        for _, _, f, b in c.nodes))
+
+
+def test_a_recompute_plan_counts_its_gradients_and_its_extra_forward(tmp_path):
+    """Sparse layers under recompute: ConvGrad reads a rebuilt weight under a new name; its
+    multiply-adds still count (they once fell to zero), and the step does more work than
+    the same net without recompute."""
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+    import torch
+    from test_recompute import chain  # a net deep enough for sqrt to checkpoint
+
+    flops = {}
+    for plan in ("none", "sqrt"):
+        out = tmp_path / plan
+        export_artifact(chain(), torch.zeros(2, 3, 32, 32), out, classes=list("abcd"),
+                        plan=Plan(micro_batch=2), recompute=plan, density=0.5)
+        rows = step_cost(str(out / "training_model.onnx"), 2, 1).nodes
+        flops[plan] = {op: sum(f for _, o, f, _ in rows if o == op) for op in ("Conv", "ConvGrad")}
+    assert flops["sqrt"]["ConvGrad"] == flops["none"]["ConvGrad"] > 0
+    assert flops["sqrt"]["Conv"] > flops["none"]["Conv"]

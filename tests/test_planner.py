@@ -82,3 +82,14 @@ def test_host_speed_is_measured_and_cached(tmp_path):
     assert 0 <= s.node_overhead_s < 1e-2 and 0 <= s.compute_node_overhead_s < 1e-2
     assert 0 < s.call_overhead_s < 1e-1
     assert host_speed(1, cache=tmp_path) == s  # read back, not measured again
+
+
+def test_cli_write_without_a_plan_exits_3_and_writes_nothing(art, tmp_path):
+    from conftest import cli
+
+    mine = tmp_path / "tiny"
+    shutil.copytree(art, mine)
+    before = (mine / "manifest.json").read_bytes()
+    r = cli("plan", mine, "--budget", "64KiB", "--samples", "4", "--write")
+    assert r.returncode == 3 and "nothing was written" in r.stderr
+    assert (mine / "manifest.json").read_bytes() == before

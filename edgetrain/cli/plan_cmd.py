@@ -6,8 +6,8 @@ import json
 
 import click
 
-from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors,
-                                  json_option, mib, resolve_budget)
+from edgetrain.cli.common import (EXIT_BUDGET, budget_option, device_option,
+                                  exit_on_device_errors, fail, json_option, mib, resolve_budget)
 
 
 @click.command(options_metavar="(--device P | --budget BYTES) [OPTIONS]")
@@ -24,11 +24,16 @@ from edgetrain.cli.common import (budget_option, device_option, exit_on_device_e
 @click.option("--write", is_flag=True,
               help="Make the chosen plan the artifact's (manifest: micro-batch, accumulation, "
                    "prediction, and the search under provenance.plan_search).")
+@click.option("--recalibrate", is_flag=True,
+              help="Measure this machine's speed again (it is cached under .cache/host-profile "
+                   "in the working folder; measure it when the machine is otherwise idle).")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Draw the frontier (predicted peak vs step time) into this PNG.")
 @json_option
-def plan(artifact, device, budget, samples, threads, steps, write, plot_file, as_json):
+def plan(artifact, device, budget, samples, threads, steps, write, recalibrate, plot_file,
+         as_json):
     """The fastest micro-batch and accumulation that fit: predicted, then confirmed."""
+    from device_sim.hostprofile import host_speed
     from device_sim.planner import items_per_sample, plan as search, write_plan
     from edgetrain.manifest import load_manifest
 
@@ -36,9 +41,16 @@ def plan(artifact, device, budget, samples, threads, steps, write, plot_file, as
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors():
-        per = items_per_sample(load_manifest(artifact))
-        r = search(artifact, budget_bytes, samples * per if samples else None, threads, steps)
-        if write and r.chosen is not None:
+        m = load_manifest(artifact)
+        per = items_per_sample(m)
+        speed = host_speed(threads or m.plan.threads, refresh=recalibrate)
+        r = search(artifact, budget_bytes, samples * per if samples else None, threads, steps,
+                   speed=speed)
+        if write and r.chosen is None:
+            fail(f"no plan to write: {r.reason}; nothing was written. Try a larger budget, "
+                 "fewer --samples, or re-export with less to train or keep (--update head, "
+                 "--recompute sqrt, --density 0.5)", EXIT_BUDGET)
+        if write:
             write_plan(artifact, r)
         if plot_file:
             from exporters.report import plot_frontier  # matplotlib: only when asked

@@ -162,3 +162,10 @@ def write_plan(artifact: str | Path, result: PlanResult) -> None:
                   predicted=pred.to_dict(),
                   provenance={**m.provenance, "plan_search": result.to_dict()})
     new.write(Path(artifact))
+
+
+def best_variant(results: dict[str, PlanResult]) -> str | None:
+    """Of plan searches over artifacts that differ in one export knob (e.g. the recompute
+    plan), the one whose confirmed plan measured fastest; None if none has a plan."""
+    timed = {k: r.chosen.measured_step_time_s for k, r in results.items() if r.chosen}
+    return min(timed, key=timed.get) if timed else None

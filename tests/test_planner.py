@@ -93,3 +93,24 @@ def test_cli_write_without_a_plan_exits_3_and_writes_nothing(art, tmp_path):
     r = cli("plan", mine, "--budget", "64KiB", "--samples", "4", "--write")
     assert r.returncode == 3 and "nothing was written" in r.stderr
     assert (mine / "manifest.json").read_bytes() == before
+
+
+def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
+    """export --plan auto plans the artifact and its recompute-sqrt twin, keeps the faster
+    confirmed one with its plan written, and leaves no twin folder behind."""
+    from conftest import cli
+
+    out = tmp_path / "imu"
+    r = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--budget",
+            "12MiB", "--micro-batch", "8", "--accumulate", "4", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "plan search, recompute none" in r.stdout and "plan search, recompute sqrt" in r.stdout
+    m = load_manifest(out)
+    search = m.provenance["plan_search"]
+    assert search["chosen"]["confirmed"] == "fits"
+    assert search["chosen"]["measured_peak_bytes"] <= 12 << 20
+    assert m.plan.micro_batch * m.plan.accumulation_steps >= 32
+    assert m.predicted["batch"] == m.plan.micro_batch
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imu"]
+    bad = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--out", out)
+    assert bad.returncode == 2  # --plan auto needs a budget

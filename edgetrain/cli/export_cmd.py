@@ -5,6 +5,7 @@ import json
 
 import click
 
+from edgetrain.budget import BudgetError
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)
 from edgetrain.manifest import DEFAULT_THREADS
@@ -23,6 +24,47 @@ def record_measured_peak(out, m):
     m = dataclasses.replace(m, provenance={**m.provenance, "update_search": search})
     m.write(out)
     return m
+
+
+def plan_over_recompute(out, m, build, recompute: str, budget_bytes: int, quiet: bool):
+    """export --plan auto: plan the artifact in `out` (and, when no recompute plan was given,
+    its sqrt twin), keep the variant whose confirmed plan measured fastest, write its plan.
+    The step stays the one the export describes (micro-batch x accumulation items)."""
+    import shutil
+
+    from device_sim.planner import best_variant, plan, write_plan
+    from edgetrain.manifest import load_manifest
+
+    step = m.plan.micro_batch * m.plan.accumulation_steps
+    folders = {recompute: out}
+    if recompute == "none":
+        folders["sqrt"] = out.parent / f".{out.name}.plan-sqrt"
+        build(folders["sqrt"], "sqrt")
+    results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
+    for k, r in results.items():
+        c = r.chosen
+        if not quiet:
+            click.echo(f"plan search, recompute {k}: " + (
+                f"micro-batch {c.micro_batch} x {c.accumulation_steps}, "
+                f"{c.measured_step_time_s:.3f} s a step, measured peak "
+                f"{c.measured_peak_bytes:,} bytes" if c else f"no plan ({r.reason})"))
+    best = best_variant(results)
+    try:
+        if best is None:
+            why = "; ".join(f"recompute {k}: {r.reason}" for k, r in results.items())
+            raise BudgetError(f"no micro-batch of a {step}-item step trains within "
+                              f"{budget_bytes} bytes ({why}); the artifact in {out} keeps the "
+                              "plan it was given. Try a larger budget or --update head",
+                              budget_bytes, None)
+        write_plan(folders[best], results[best])
+        if folders[best] != out:
+            shutil.rmtree(out)
+            folders[best].rename(out)
+    finally:
+        for f in folders.values():
+            if f != out and f.exists():
+                shutil.rmtree(f)
+    return load_manifest(out)
 
 
 @click.command(options_metavar="--model NAME --out DIR [OPTIONS]")
@@ -67,10 +109,16 @@ def record_measured_peak(out, m):
 @click.option("--int8-frozen", is_flag=True,
               help="Store frozen weights (two or more dims) in 8 bits, one scale per output "
                    "channel; the population model's accuracy with and without is recorded.")
+@click.option("--plan", "plan_mode", type=click.Choice(["given", "auto"]), default="given",
+              show_default=True,
+              help="auto: the fastest micro-batch x accumulation that fits --device/--budget "
+                   "for the step --micro-batch x --accumulate describes, over the recompute "
+                   "plans none and sqrt (or the one given), confirmed by capped runs "
+                   "(`edgetrain plan`); the winner is written.")
 @json_option
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
            no_cache, recompute, device, budget, density, mask_allocation, mask_init, update,
-           int8_frozen, as_json):
+           int8_frozen, plan_mode, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -84,22 +132,31 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
     onnxruntime.set_default_logger_severity(3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     _, budget_bytes = resolve_budget(device, budget)
-    if (recompute == "budget" or update == "auto") != (budget_bytes is not None):
-        raise click.UsageError("--recompute budget and --update auto need --budget or "
-                               "--device, and those apply only to them")
+    if (recompute == "budget" or update == "auto" or plan_mode == "auto") != (
+            budget_bytes is not None):
+        raise click.UsageError("--recompute budget, --update auto and --plan auto need "
+                               "--budget or --device, and those apply only to them")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs)
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
-        m = export_named(cfg, out, plan, lr=lr,
-                         cache_dir=None if no_cache else Path(".cache/pretrain"),
-                         show_progress=not as_json, recompute=recompute,
-                         recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
-                         update=update, update_budget_bytes=budget_bytes,
-                         int8_frozen=int8_frozen, density=density,
-                         mask_allocation=mask_allocation, mask_init=mask_init)
-        if update == "auto":  # the choice, measured by the allocator as the device runs it
-            m = record_measured_peak(Path(out), m)
+
+        def build(folder, recompute_plan):
+            m = export_named(cfg, folder, plan, lr=lr,
+                             cache_dir=None if no_cache else Path(".cache/pretrain"),
+                             show_progress=not as_json, recompute=recompute_plan,
+                             recompute_budget_bytes=budget_bytes
+                             if recompute_plan == "budget" else None,
+                             update=update, update_budget_bytes=budget_bytes,
+                             int8_frozen=int8_frozen, density=density,
+                             mask_allocation=mask_allocation, mask_init=mask_init)
+            if update == "auto":  # the choice, measured by the allocator as the device runs it
+                m = record_measured_peak(Path(folder), m)
+            return m
+
+        m = build(out, recompute)
+        if plan_mode == "auto":
+            m = plan_over_recompute(Path(out), m, build, recompute, budget_bytes, as_json)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return

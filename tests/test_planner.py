@@ -102,9 +102,12 @@ def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
 
     out = tmp_path / "imu"
     r = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--budget",
-            "12MiB", "--micro-batch", "8", "--accumulate", "4", "--out", out)
+            "12MiB", "--micro-batch", "8", "--accumulate", "4", "--plan-update", "head",
+            "--out", out)
     assert r.returncode == 0, r.stderr
-    assert "plan search, recompute none" in r.stdout and "plan search, recompute sqrt" in r.stdout
+    for rec in ("none", "sqrt"):  # every recompute variant with every update plan
+        for upd in ("all", "head"):
+            assert f"plan search, recompute {rec}, update {upd}:" in r.stdout
     m = load_manifest(out)
     search = m.provenance["plan_search"]
     assert search["chosen"]["confirmed"] == "fits"
@@ -114,3 +117,6 @@ def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imu"]
     bad = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--out", out)
     assert bad.returncode == 2  # --plan auto needs a budget
+    bad = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan-update", "head",
+              "--out", out)
+    assert bad.returncode == 2  # and --plan-update needs --plan auto

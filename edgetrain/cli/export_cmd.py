@@ -26,35 +26,40 @@ def record_measured_peak(out, m):
     return m
 
 
-def plan_over_recompute(out, m, build, recompute: str, budget_bytes: int, quiet: bool):
-    """export --plan auto: plan the artifact in `out` (and, when no recompute plan was given,
-    its sqrt twin), keep the variant whose confirmed plan measured fastest, write its plan.
-    The step stays the one the export describes (micro-batch x accumulation items)."""
+def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates,
+                       budget_bytes: int, quiet: bool):
+    """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
+    recompute plan was given; each extra update plan), keep the variant whose confirmed plan
+    measured fastest, write its plan there. The step stays the one the export describes."""
     import shutil
 
     from device_sim.planner import best_variant, plan, write_plan
     from edgetrain.manifest import load_manifest
 
     step = m.plan.micro_batch * m.plan.accumulation_steps
-    folders = {recompute: out}
-    if recompute == "none":
-        folders["sqrt"] = out.parent / f".{out.name}.plan-sqrt"
-        build(folders["sqrt"], "sqrt")
-    results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
-    for k, r in results.items():
-        c = r.chosen
-        if not quiet:
-            click.echo(f"plan search, recompute {k}: " + (
-                f"micro-batch {c.micro_batch} x {c.accumulation_steps}, "
-                f"{c.measured_step_time_s:.3f} s a step, measured peak "
-                f"{c.measured_peak_bytes:,} bytes" if c else f"no plan ({r.reason})"))
-    best = best_variant(results)
+    recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
+    updates = [update] + [u for u in extra_updates if u != update]
+    folders = {}
     try:
+        for i, (r, u) in enumerate((r, u) for u in updates for r in recomputes):
+            key = f"recompute {r}, update {u}"
+            folders[key] = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
+            if i:
+                build(folders[key], r, u)
+        results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
+        for k, res in results.items():
+            c = res.chosen
+            if not quiet:
+                click.echo(f"plan search, {k}: " + (
+                    f"micro-batch {c.micro_batch} x {c.accumulation_steps}, "
+                    f"{c.measured_step_time_s:.3f} s a step, measured peak "
+                    f"{c.measured_peak_bytes:,} bytes" if c else f"no plan ({res.reason})"))
+        best = best_variant(results)
         if best is None:
-            why = "; ".join(f"recompute {k}: {r.reason}" for k, r in results.items())
+            why = "; ".join(f"{k}: {res.reason}" for k, res in results.items())
             raise BudgetError(f"no micro-batch of a {step}-item step trains within "
                               f"{budget_bytes} bytes ({why}); the artifact in {out} keeps the "
-                              "plan it was given. Try a larger budget or --update head",
+                              "plan it was given. Try a larger budget or --plan-update head",
                               budget_bytes, None)
         write_plan(folders[best], results[best])
         if folders[best] != out:
@@ -115,10 +120,13 @@ def plan_over_recompute(out, m, build, recompute: str, budget_bytes: int, quiet:
                    "for the step --micro-batch x --accumulate describes, over the recompute "
                    "plans none and sqrt (or the one given), confirmed by capped runs "
                    "(`edgetrain plan`); the winner is written.")
+@click.option("--plan-update", "plan_updates", multiple=True, metavar="PLAN",
+              help="With --plan auto: an update plan it may choose as well (repeatable, e.g. "
+                   "--plan-update head). It changes what trains, so check its accuracy.")
 @json_option
 def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
            no_cache, recompute, device, budget, density, mask_allocation, mask_init, update,
-           int8_frozen, plan_mode, as_json):
+           int8_frozen, plan_mode, plan_updates, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -141,22 +149,25 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                              epochs=epochs)
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
 
-        def build(folder, recompute_plan):
+        def build(folder, recompute_plan, update_plan):
             m = export_named(cfg, folder, plan, lr=lr,
                              cache_dir=None if no_cache else Path(".cache/pretrain"),
                              show_progress=not as_json, recompute=recompute_plan,
                              recompute_budget_bytes=budget_bytes
                              if recompute_plan == "budget" else None,
-                             update=update, update_budget_bytes=budget_bytes,
+                             update=update_plan, update_budget_bytes=budget_bytes,
                              int8_frozen=int8_frozen, density=density,
                              mask_allocation=mask_allocation, mask_init=mask_init)
-            if update == "auto":  # the choice, measured by the allocator as the device runs it
+            if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)
             return m
 
-        m = build(out, recompute)
+        if plan_updates and plan_mode != "auto":
+            raise click.UsageError("--plan-update is for --plan auto")
+        m = build(out, recompute, update)
         if plan_mode == "auto":
-            m = plan_over_recompute(Path(out), m, build, recompute, budget_bytes, as_json)
+            m = plan_over_variants(Path(out), m, build, recompute, update, plan_updates,
+                                   budget_bytes, as_json)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return

@@ -1,0 +1,92 @@
+"""edgetrain against PyTorch eager, step for step, measured alternately in one run.
+
+    .venv/bin/python bench/eager_race.py            # ~15 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/eager_race.py --report   # the table from saved results
+
+For each stack row's configuration (bench/stack_config.py; exported untrained with
+`--epochs 0`: a step's time does not depend on the weights), three rounds, each one
+`edgetrain measure --no-select` (the runtime's optimizer step of micro-batch x accumulation)
+then bench/torch_peer.py (the same step in PyTorch eager, a fresh process), so both see the
+same machine state; the row's time is the median of the three rounds. Nothing else runs
+meanwhile. Results: bench/results/eager_race.json; table in docs/results.md (marker
+`eager-race`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import ROOT, replace_table, save_results
+from planner import export, measured_step
+from stack_config import DENSITY, STACK
+
+RESULTS = ROOT / "bench" / "results" / "eager_race.json"
+DOC = ROOT / "docs" / "results.md"
+ROUNDS = 3
+
+
+def eager_step_s(c, trainable: list[str] | None, steps: int) -> float:
+    spec = {"network": c.network, "width": 1.0, "density": DENSITY if c.sparse else 1.0,
+            "trainable": trainable, "recompute": c.recompute, "micro_batch": c.micro_batch,
+            "accumulation": c.accumulation, "patch": c.network == "patch_mobilenet",
+            "steps": steps}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "torch_peer.py"), json.dumps(spec)],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"torch peer {c.name} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout)["step_time_s"]
+
+
+def race(c, tmp: Path) -> dict:
+    from edgetrain.manifest import load_manifest
+
+    update = "head" if c.update.startswith("auto") else c.update
+    art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
+                 c.accumulation, update)
+    trainable = [t.name for t in load_manifest(art).trainable] if update != "all" else None
+    steps = 1 if c.accumulation > 64 else 3
+    ours, theirs = [], []
+    for _ in range(ROUNDS):
+        ours.append(measured_step(art, c.micro_batch, c.accumulation, steps)["step_time_s"])
+        theirs.append(eager_step_s(c, trainable, steps))
+    row = {"config": c.name, "network": c.network, "update": update,
+           "micro_batch": c.micro_batch, "accumulation": c.accumulation,
+           "edgetrain_step_s": ours, "eager_step_s": theirs,
+           "edgetrain_median_s": statistics.median(ours),
+           "eager_median_s": statistics.median(theirs)}
+    row["ratio"] = row["edgetrain_median_s"] / row["eager_median_s"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def report(rows: list[dict]) -> None:
+    lines = ["| row | network | plan | edgetrain step (median of 3) | PyTorch eager step | "
+             "edgetrain ÷ eager |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['network']} ({r['update']}) | {r['micro_batch']} × "
+                     f"{r['accumulation']} | {r['edgetrain_median_s']:.3f} s | "
+                     f"{r['eager_median_s']:.3f} s | {r['ratio']:.2f} |")
+    replace_table(DOC, lines, "eager-race")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true", help="only rebuild the table")
+    args = ap.parse_args()
+    rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    if not args.report:
+        done = {r["config"] for r in rows}
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in (c for c in STACK if c.name not in done):
+                rows.append(race(c, Path(tmp)))
+                save_results("eager_race", rows)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()

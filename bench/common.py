@@ -36,3 +36,16 @@ def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:
     head, _, rest = text.partition(start)
     _, _, tail = rest.partition(end)
     doc.write_text(head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
+
+
+def step_table(rows: list[dict], first: str, second: str, heads: tuple[str, str, str]
+               ) -> list[str]:
+    """Markdown lines: each stack row's step time two ways (keys `first`, `second`, in
+    seconds) and their ratio, first / second; heads name the three columns."""
+    lines = [f"| row | network | plan | {heads[0]} | {heads[1]} | {heads[2]} |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['network']} ({r['update']}) | {r['micro_batch']} × "
+                     f"{r['accumulation']} | {r[first]:.3f} s | {r[second]:.3f} s | "
+                     f"{r[first] / r[second]:.2f} |")
+    return lines

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, save_results
+from common import ROOT, replace_table, save_results, step_table
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
 
@@ -65,13 +65,9 @@ def race(c, tmp: Path) -> dict:
 
 
 def report(rows: list[dict]) -> None:
-    lines = ["| row | network | plan | edgetrain step (median of 3) | PyTorch eager step | "
-             "edgetrain ÷ eager |", "|---|---|---|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['network']} ({r['update']}) | {r['micro_batch']} × "
-                     f"{r['accumulation']} | {r['edgetrain_median_s']:.3f} s | "
-                     f"{r['eager_median_s']:.3f} s | {r['ratio']:.2f} |")
-    replace_table(DOC, lines, "eager-race")
+    replace_table(DOC, step_table(rows, "edgetrain_median_s", "eager_median_s",
+                                  ("edgetrain step (median of 3)", "PyTorch eager step",
+                                   "edgetrain ÷ eager")), "eager-race")
 
 
 def main() -> None:

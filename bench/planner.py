@@ -25,7 +25,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, replace_table, run, save_results, step_table
 
 from stack_config import DENSITY, EFFECTIVE_BATCH, STACK
 
@@ -149,13 +149,10 @@ def report(rows: list[dict]) -> None:
                f"| {c['measured_step_time_s']:.2f} s | {win:.1f} | {r['speedup']:.1f}× |"
                if c else f"none: {r['reason']} | | | | |"))
     replace_table(DOC, lines, "planner")
-    lines = ["| row | network | plan | measured step | predicted (host model) | measured / "
-             "predicted |", "|---|---|---|---:|---:|---:|"]
-    for r in (r for r in rows if r["kind"] == "latency"):
-        lines.append(f"| {r['config']} | {r['network']} ({r['update']}) | {r['micro_batch']} × "
-                     f"{r['accumulation']} | {r['measured_step_time_s']:.3f} s | "
-                     f"{r['predicted_step_time_s']:.3f} s | {r['ratio']:.2f} |")
-    replace_table(DOC, lines, "latency")
+    replace_table(DOC, step_table([r for r in rows if r["kind"] == "latency"],
+                                  "measured_step_time_s", "predicted_step_time_s",
+                                  ("measured step", "predicted (host model)",
+                                   "measured / predicted")), "latency")
 
 
 def main() -> None:

@@ -18,11 +18,13 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import onnx
+
 from device_sim.hostprofile import HostSpeed, host_speed
 from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
-from exporters.cost import step_cost
+from exporters.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
 from exporters.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
 from edgetrain import names
@@ -92,16 +94,18 @@ def node_time_s(op: str, group: int, flops: int, nbytes: int, speed: HostSpeed) 
     return max(flops / speed.compute_flops_per_s, memory) + speed.node_overhead_s
 
 
-def predicted_time_s(training_model: str, m: int, accumulation: int, trained_values: int,
-                     speed: HostSpeed) -> float:
-    """A step of `accumulation` micro-batches of m items, and one AdamW update."""
-    groups = {n.name: int(attributes(n).get("group", 1)) for n in load_graph(training_model)
-              .graph.node if n.op_type in ("Conv", "ConvGrad")}
-    cost = step_cost(training_model, m, trained_values)
+def predicted_time_s(training_model: str | onnx.ModelProto, m: int, accumulation: int,
+                     trained_values: int, speed: HostSpeed) -> float:
+    """A step of `accumulation` micro-batches of m items, and one AdamW update. Pass the
+    loaded graph when predicting several sizes: it is read once."""
+    model = training_model if isinstance(training_model, onnx.ModelProto) else \
+        load_graph(training_model)
+    groups = {n.name: int(attributes(n).get("group", 1)) for n in model.graph.node
+              if n.op_type in ("Conv", "ConvGrad")}
     per_call = sum(node_time_s(op, groups.get(name, 1), f, b, speed)
-                   for name, op, f, b in cost.nodes if name != "AdamW")
-    adamw = sum(max(f / speed.compute_flops_per_s, b / speed.memory_bandwidth_bytes_per_s)
-                for name, _, f, b in cost.nodes if name == "AdamW")
+                   for name, op, f, b in node_costs(model, m))
+    adamw = max(ADAMW_FLOPS_PER_VALUE * trained_values / speed.compute_flops_per_s,
+                ADAMW_BYTES_PER_VALUE * trained_values / speed.memory_bandwidth_bytes_per_s)
     return accumulation * (per_call + speed.call_overhead_s) + adamw
 
 
@@ -115,7 +119,7 @@ def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = 
     if n <= 0:
         raise ValueError(f"effective batch must be a positive number of items, got {n}")
     speed = speed or host_speed(threads)
-    train = str(Path(artifact) / m.files[names.TRAINING_MODEL].path)
+    train = load_graph(str(Path(artifact) / m.files[names.TRAINING_MODEL].path))
     trained = sum(math.prod(t.shape) for t in m.trainable)
     cands = []
     for b in sizes(n):

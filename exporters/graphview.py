@@ -54,14 +54,21 @@ def block_of(node_name: str, containers: set[tuple[str, ...]]) -> str:
     return key
 
 
-def forward_blocks(training_model: str, batch: int) -> list[dict]:
-    """[{"block", "nodes": [(op, first output, bytes, kept)], "saved_bytes"}] in execution
-    order; a node's bytes are those backward keeps of its outputs, or all of them if none."""
+def forward_graph(training_model: str):
+    """(graph, its forward analysis, the module paths that hold deeper ones): read once, for
+    the boxes and for the shares."""
     model, _ = without_identities(load_graph(training_model))
-    shapes = runtime_shapes(model, batch)
     fwd = analyse(model)
     paths = {module_path(n.name) for n in fwd.nodes}  # forward only: no "..._Grad" paths
-    containers = {p[:i] for p in paths for i in range(1, len(p))}
+    return model, fwd, {p[:i] for p in paths for i in range(1, len(p))}
+
+
+def forward_blocks(forward, batch: int) -> list[dict]:
+    """[{"block", "nodes": [(op, first output, bytes, kept)], "saved_bytes"}] in execution
+    order; a node's bytes are those backward keeps of its outputs, or all of them if none.
+    forward: forward_graph() of the training graph."""
+    model, fwd, containers = forward
+    shapes = runtime_shapes(model, batch)
     blocks: dict[str, dict] = {}
     def nbytes(t: str) -> int:
         return int(np.prod(shapes[t][0])) * shapes[t][1] if t in shapes else 0
@@ -75,26 +82,24 @@ def forward_blocks(training_model: str, batch: int) -> list[dict]:
     return [{"block": k, **v} for k, v in blocks.items()]
 
 
-def activation_shares(training_model: str, eval_model: str, batch: int, threads: int
+def activation_shares(training_model: str, forward, eval_model: str, batch: int, threads: int
                       ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """The predicted activations split into parts that sum to them: per block
     {"forward": bytes, "backward": bytes} live at the pattern's fullest moment, and
     {"pattern never live at once": ..., "run-time allocations": ...}. Uses the prediction's
-    own plan (the Shape-node order it claims), so the sum is its breakdown's activations."""
+    own plan (the Shape-node order it claims), so the sum is its breakdown's activations.
+    forward: forward_graph(training_model)."""
     plan, acts = max(activation_plans(training_model, batch, threads,
                                       known_shapes(eval_model, batch)), key=lambda pa: pa[1])
     graph = optimized_graph(training_model)
     producer = {o: n.name for n in graph.graph.node for o in n.output if o}
-    model, _ = without_identities(load_graph(training_model))
-    fwd_nodes = analyse(model).nodes
-    forward = {o for n in fwd_nodes for o in n.output}
-    paths = {module_path(n.name) for n in fwd_nodes}
-    containers = {p[:i] for p in paths for i in range(1, len(p))}
+    _, fwd, containers = forward
+    outputs = {o for n in fwd.nodes for o in n.output}
     shares: dict[str, dict[str, int]] = {}
     for tensor, size in plan.peak_buffers:
         name = producer.get(tensor, "").removeprefix("AccumulateGrad_")
         part = shares.setdefault(block_of(name, containers), {"forward": 0, "backward": 0})
-        part["forward" if tensor in forward else "backward"] += size
+        part["forward" if tensor in outputs else "backward"] += size
     rest = {"pattern never live at once": arena_rounded(plan.pattern_bytes) - plan.live_peak_bytes,
             "run-time allocations": acts - arena_rounded(plan.pattern_bytes)}
     return shares, rest
@@ -116,8 +121,9 @@ def write_graph_svg(training_model: str, batch: int, out: Path, *, eval_model: s
                     threads: int) -> Path:
     """graph.svg in `out` for the training graph at `batch`; eval_model and threads as the
     prediction uses them (the artifact's eval graph, the runtime's intra-op threads)."""
-    blocks = forward_blocks(training_model, batch)
-    shares, rest = activation_shares(training_model, eval_model, batch, threads)
+    forward = forward_graph(training_model)
+    blocks = forward_blocks(forward, batch)
+    shares, rest = activation_shares(training_model, forward, eval_model, batch, threads)
     for name in shares.keys() - {b["block"] for b in blocks}:  # only backward nodes: a box too
         blocks.append({"block": name, "nodes": [], "saved_bytes": 0})
     total = sum(sum(v.values()) for v in shares.values()) + sum(rest.values())

@@ -1,14 +1,18 @@
 """edgetrain against PyTorch eager, step for step, measured alternately in one run.
 
-    .venv/bin/python bench/eager_race.py            # ~15 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/eager_race.py            # ~35 min on 2 cores; continues a stopped run
     .venv/bin/python bench/eager_race.py --report   # the table from saved results
 
 For each stack row's configuration (bench/stack_config.py; exported untrained with
 `--epochs 0`: a step's time does not depend on the weights), three rounds, each one
 `edgetrain measure --no-select` (the runtime's optimizer step of micro-batch x accumulation)
 then bench/torch_peer.py (the same step in PyTorch eager, a fresh process), so both see the
-same machine state; the row's time is the median of the three rounds. Nothing else runs
-meanwhile. Results: bench/results/eager_race.json; table in docs/results.md (marker
+same machine state. Each side runs one warm-up step (its allocator's growth, first-touch
+pages, kernel selection) and then TIMED_STEPS timed steps (SHORT_TIMED_STEPS when a step takes
+under SHORT_STEP_S: a few-millisecond step needs many to be seen through the noise); a round's
+time is the median of its timed steps and the row's time the median of the three rounds.
+Nothing else runs meanwhile. Results: bench/results/eager_race.json; table in docs/results.md
+(marker
 `eager-race`).
 """
 from __future__ import annotations
@@ -28,6 +32,13 @@ from stack_config import DENSITY, STACK
 RESULTS = ROOT / "bench" / "results" / "eager_race.json"
 DOC = ROOT / "docs" / "results.md"
 ROUNDS = 3
+TIMED_STEPS = 3
+SHORT_STEP_S, SHORT_TIMED_STEPS = 0.2, 20
+
+
+def steady_s(times: list[float]) -> float:
+    """The median step after the first (the warm-up)."""
+    return statistics.median(times[1:])
 
 
 def eager_step_s(c, trainable: list[str] | None, steps: int) -> float:
@@ -39,7 +50,7 @@ def eager_step_s(c, trainable: list[str] | None, steps: int) -> float:
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"torch peer {c.name} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout)["step_time_s"]
+    return steady_s(json.loads(p.stdout)["step_times_s"])
 
 
 def race(c, tmp: Path) -> dict:
@@ -49,10 +60,14 @@ def race(c, tmp: Path) -> dict:
     art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
                  c.accumulation, update)
     trainable = [t.name for t in load_manifest(art).trainable] if update != "all" else None
-    steps = 1 if c.accumulation > 64 else 3
+    steps = 1 + TIMED_STEPS
+    probe = steady_s(measured_step(art, c.micro_batch, c.accumulation, steps)["step_times_s"])
+    if probe < SHORT_STEP_S:
+        steps = 1 + SHORT_TIMED_STEPS
     ours, theirs = [], []
     for _ in range(ROUNDS):
-        ours.append(measured_step(art, c.micro_batch, c.accumulation, steps)["step_time_s"])
+        ours.append(steady_s(measured_step(art, c.micro_batch, c.accumulation,
+                                           steps)["step_times_s"]))
         theirs.append(eager_step_s(c, trainable, steps))
     row = {"config": c.name, "network": c.network, "update": update,
            "micro_batch": c.micro_batch, "accumulation": c.accumulation,

@@ -46,6 +46,9 @@ class Measurement:
     process_peak_rss_bytes: int
     torch_loaded: bool
     threads: int  # ORT intra-op threads the runtime ran with
+    # every timed step in order (the first includes the arena's growth: a steady-state time
+    # is the median of the rest)
+    step_times_s: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,7 +90,8 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                          outside_arena_bytes=outside,
                          breakdown=per, batch=batch, step_time_s=probe["step_time_s"],
                          process_peak_rss_bytes=probe["peak_rss_bytes"],
-                         torch_loaded=probe["torch_loaded"], threads=probe["threads"])
+                         torch_loaded=probe["torch_loaded"], threads=probe["threads"],
+                         step_times_s=tuple(probe["step_times_s"]))
     if budget_bytes is not None and result.peak_bytes > budget_bytes:
         # The runtime's cap is exact (edgetrain/budget.py); this check guards what it rests
         # on (ORT reserving bytes past the arena's limit), so a run can never be reported as
@@ -189,7 +193,8 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         sys.exit(4)
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({
-        "step_time_s": float(np.median(times)), "peak_rss_bytes": _peak_rss_bytes(),
+        "step_time_s": float(np.median(times)), "step_times_s": times,
+        "peak_rss_bytes": _peak_rss_bytes(),
         "torch_loaded": torch_loaded, "threads": rt.threads}))
 
 

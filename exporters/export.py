@@ -19,6 +19,7 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from exporters.gradkernels import rewrite_training_model
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
                                  torch_to_onnx)
@@ -174,6 +175,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
+    relu_grads = rewrite_training_model(out / FILES[names.TRAINING_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
@@ -223,7 +225,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files={role: file_entry(out, name) for role, name in files.items()},
         input=input_spec,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
-        optimizer=optimizer, predicted=predicted, provenance=dict(provenance or {}),
+        optimizer=optimizer, predicted=predicted,
+        provenance={**(provenance or {}), "gradient_rewrites": {"ReluGrad": relu_grads}},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)

@@ -49,7 +49,8 @@ MODELLED_OPS = frozenset({
     "MatMul", "MaxPool", "MaxPoolGrad", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",
     "ReluGrad", "Reshape", "Scale", "ScatterElements", "Shape", "Size", "Slice", "SliceGrad",
-    "Softmax", "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad", "SoftmaxGrad_13",
+    "Sign", "Softmax", "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad",
+    "SoftmaxGrad_13",
     "Split", "SplitTraining", "Sqrt", "Squeeze", "Sub", "Sum", "Transpose", "Unsqueeze"})
 
 

@@ -18,7 +18,7 @@ from edgetrain import names
 # Ops whose outputs ONNX shape inference leaves unsized (gradient helpers included) and that
 # we size by broadcasting their inputs.
 SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
-                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast"}
+                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign"}
 ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
 ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
 

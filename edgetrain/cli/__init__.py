@@ -4,6 +4,7 @@
   train_cmd.py    personalise, reset-bn       device side: never loads torch
   measure_cmd.py  devices, measure, fit       the simulator drives the runtime from outside
   plan_cmd.py     plan                        the fastest plan that fits (predicted, confirmed)
+  fleet_cmd.py    fleet, fleet-report         many users x devices on Ray, one process a run
 Byte sizes such as "15MB" or "8MiB" are parsed here (common.py) and nowhere else. This
 sub-package is the one place on the device side that may import exporters and device_sim
 (tests/test_layering.py); host-only imports happen inside the commands that need them.
@@ -15,6 +16,7 @@ import click
 from device_sim.faults import install_from_env
 from edgetrain.cli.common import parse_bytes
 from edgetrain.cli.export_cmd import export
+from edgetrain.cli.fleet_cmd import fleet, fleet_report
 from edgetrain.cli.measure_cmd import devices, fit, measure
 from edgetrain.cli.plan_cmd import plan
 from edgetrain.cli.train_cmd import personalise, reset_bn
@@ -33,5 +35,6 @@ def main():
     install_from_env()  # EDGETRAIN_FAULT: the simulator's fault injection (device_sim/faults)
 
 
-for command in (devices, export, personalise, reset_bn, measure, fit, plan):
+for command in (devices, export, personalise, reset_bn, measure, fit, plan, fleet,
+                fleet_report):
     main.add_command(command)

@@ -1,0 +1,181 @@
+"""A fleet of personalisations on Ray: one task per user x device, each in its own capped
+runtime process, on an embedded local Ray (nothing to start) or a running cluster.
+
+    run_fleet(spec, out)                      # local Ray with one worker per core
+    run_fleet(spec, out, address="auto")      # the cluster `ray start` made (docs/fleet.md)
+
+The fleet folder `out`:
+  fleet-spec.json            the spec it runs (a re-run with another spec is refused)
+  plans/<device>.json        the planner's choice where the spec says micro_batch "auto"
+  runs/<device>/u<user>/     each run's folder: resume points, checkpoint, attempts.txt
+  results/<device>/u<user>.json   one record per user x device, written atomically
+  fleet.json                 every record, merged (device_sim/fleetreport.py reads it)
+Each task declares the CPUs it runs (the spec's threads) and the memory it will hold (the
+device's budget plus PROCESS_BASE_BYTES, the worker process's own RSS), so Ray never
+overcommits a node. A task runs in a worker that runs no other (max_calls=1); a worker that
+dies is retried (max_retries) and its run continues from its resume point; a run that cannot
+fit its device, diverges or has bad data is recorded and never retried. A re-run skips every
+user x device with a record and writes no second one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from device_sim.fleetspec import FleetSpec, SpecError
+from device_sim.fleettask import RESULTS, result_path, run_task
+from device_sim.profiles import PROFILES
+from device_sim.synthusers import is_synthetic
+from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.manifest import load_manifest
+
+MiB = 1 << 20
+# A Ray worker's own resident memory before the runtime allocates (Python, numpy, onnxruntime,
+# Ray's worker; measured: every record's peak_rss_bytes minus its budget stays below this,
+# and the report flags any that does not).
+PROCESS_BASE_BYTES = 512 * MiB
+SPEC_FILE, MERGED_FILE, PLANS = "fleet-spec.json", "fleet.json", "plans"
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    out: str
+    scheduled: int  # tasks sent to Ray this time
+    skipped: int  # user x device pairs with a record already
+    failed: list  # (user, device, error) of tasks whose retries ran out: no record
+    records: list  # every record in the folder, merged
+    wall_s: float
+    workers: int | None  # CPUs of the Ray cluster used
+
+
+def check_users(spec: FleetSpec) -> None:
+    """No fleet user (real, or the source of a synthetic one) may be in the artifact's
+    pretraining population: their gains would be optimistic."""
+    m = load_manifest(spec.artifact)  # verifies every file once, before any task starts
+    seen = set(m.provenance.get("population_subjects", []))
+    bad = sorted(seen & set(spec.real_users + (spec.sources if spec.synthetic_users else ())))
+    if bad:
+        raise SpecError(f"subjects {bad} were in the artifact's pretraining population "
+                        f"{sorted(seen)}; choose fleet users and sources outside it (export "
+                        f"with --holdout-user)")
+    if m.input.preprocess not in ("imu_gasf", "imu_window"):
+        raise SpecError(f"the fleet's users are IMU recordings; {spec.artifact} takes "
+                        f"{m.input.preprocess!r} input")
+
+
+def prepare(spec: FleetSpec, out: Path) -> None:
+    """Write the spec into `out`, or check it is the one already there."""
+    path = out / SPEC_FILE
+    doc = {"fingerprint": spec.fingerprint(), "spec": spec.to_dict()}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old.get("fingerprint") != doc["fingerprint"]:
+            raise SpecError(f"{out} holds a fleet run of another spec (fingerprint "
+                            f"{old.get('fingerprint')}, this one {doc['fingerprint']}); use "
+                            "another --out folder, or the spec it ran. Nothing was changed")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(doc, indent=1).encode())
+
+
+def micro_batches(spec: FleetSpec, out: Path) -> dict[str, int | None]:
+    """device -> the micro-batch its runs use (None: the artifact's plan; 0: no plan fits)."""
+    from device_sim.planner import plan  # the planner's capped runs, cached per device
+
+    chosen = {}
+    for device in sorted(spec.devices):
+        want = spec.micro_batch_for(device)
+        if want != "auto":
+            chosen[device] = None if want == "artifact" else int(want)
+            continue
+        path = out / PLANS / f"{device}.json"
+        if not path.is_file():
+            r = plan(spec.artifact, PROFILES[device].ram_budget_bytes, threads=spec.threads)
+            atomic_write_bytes(path, json.dumps(r.to_dict(), indent=1).encode())
+        c = json.loads(path.read_text())["chosen"]
+        chosen[device] = c["micro_batch"] if c else 0
+    return chosen
+
+
+def merged(out: Path) -> list[dict]:
+    recs = [json.loads(p.read_text()) for p in sorted((out / RESULTS).glob("*/u*.json"))]
+    atomic_write_bytes(out / MERGED_FILE, json.dumps(recs, indent=1).encode())
+    return recs
+
+
+def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = None,
+              workers: int | None = None, progress=None) -> FleetRun:
+    """Run every user x device of `spec` without a record in `out`; merge the records."""
+    import ray
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    check_users(spec)
+    prepare(spec, out)
+    mbs = micro_batches(spec, out)
+    pairs = spec.pairs()
+    todo = [(u, d) for u, d in pairs if not result_path(out, u, d).is_file()]
+    failed, cpus = [], None
+    if progress and len(pairs) > len(todo):
+        progress(len(pairs) - len(todo))
+    started = bool(todo) and not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        if todo:
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            failed = _schedule(ray, spec, out, todo, mbs, progress)
+    finally:
+        if started:
+            ray.shutdown()
+    return FleetRun(str(out), len(todo), len(pairs) - len(todo), failed, merged(out),
+                    time.perf_counter() - t0, cpus)
+
+
+def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress) -> list:
+    """Send each (user, device) of `todo` to Ray, wait for all; the ones whose retries ran out."""
+    task = ray.remote(max_calls=1)(run_task)  # a worker runs one task, then exits
+    refs, failed = {}, []
+    for u, d in todo:
+        if mbs[d] == 0:  # no micro-batch fits: a record, no task
+            _record_unplannable(out, u, d)
+            if progress:
+                progress(1)
+            continue
+        declared = PROFILES[d].ram_budget_bytes + PROCESS_BASE_BYTES
+        ref = task.options(num_cpus=spec.threads, memory=declared, max_retries=spec.max_retries,
+                           retry_exceptions=False, name=f"u{u}@{d}"
+                           ).remote(spec, str(out), u, d, mbs[d], declared)
+        refs[ref] = (u, d)
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            u, d = refs[ref]
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - retries ran out: reported, no record
+                failed.append((u, d, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            if progress:
+                progress(1)
+    return failed
+
+
+def _record_unplannable(out: Path, user: int, device: str) -> None:
+    plan = json.loads((out / PLANS / f"{device}.json").read_text())
+    budget = PROFILES[device].ram_budget_bytes
+    rec = {"user": user, "kind": "synthetic" if is_synthetic(user) else "real", "device": device,
+           "budget_bytes": budget, "micro_batch": None, "status": "does not fit",
+           "error": f"no micro-batch trains within {device}'s {budget} bytes: "
+                    f"{plan['reason']}", "pid": None, "started_at": None, "ended_at": None}
+    path = result_path(out, user, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(rec, indent=1).encode())

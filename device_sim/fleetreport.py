@@ -1,0 +1,179 @@
+"""What a fleet run says, per device and per user, from its merged records (device_sim/fleet.py).
+
+Per device, real and synthetic users apart: how many users it had, how many trained, how many
+could not fit the device (and the smallest budget they needed), the measured peak bytes
+(distribution, beside the budget), the step time, the gain in held-out accuracy
+(distribution, and how many gained, lost, stayed), and the guard's decisions. Per user: the
+before and after. Pictures: the gain histogram per device, peak against budget per device,
+and the fleet's timeline (each task's start and end by worker process).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _dist(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    v = np.asarray(values, dtype=float)
+    p10, p50, p90 = np.percentile(v, [10, 50, 90])
+    return {"n": len(v), "min": float(v.min()), "p10": float(p10), "median": float(p50),
+            "p90": float(p90), "max": float(v.max()), "mean": float(v.mean())}
+
+
+def group_summary(recs: list[dict]) -> dict:
+    trained = [r for r in recs if r["status"] == "trained"]
+    gains = [r["gain_points"] for r in trained if r.get("gain_points") is not None]
+    unfit = [r for r in recs if r["status"] == "does not fit"]
+    guard = {}
+    for r in trained:
+        guard[r.get("guard") or "no selection"] = guard.get(r.get("guard") or "no selection",
+                                                            0) + 1
+    return {
+        "users": len(recs), "trained": len(trained), "does_not_fit": len(unfit),
+        "other_errors": len(recs) - len(trained) - len(unfit),
+        "needed_bytes_min": min((r["needed_bytes"] for r in unfit
+                                 if r.get("needed_bytes")), default=None),
+        "peak_bytes": _dist([r["measured_peak_bytes"] for r in trained
+                             if r.get("measured_peak_bytes") is not None]),
+        "process_rss_bytes": _dist([r["peak_rss_bytes"] for r in recs
+                                    if r.get("peak_rss_bytes")]),
+        "step_time_s": _dist([r["step_time_s"] for r in trained if r.get("step_time_s")]),
+        "task_time_s": _dist([r["ended_at"] - r["started_at"] for r in recs
+                              if r.get("started_at") and r.get("ended_at")]),
+        "gain_points": _dist(gains),
+        "gained": sum(g > 0 for g in gains), "lost": sum(g < 0 for g in gains),
+        "unchanged": sum(g == 0 for g in gains), "guard": guard,
+        "over_budget": sum(1 for r in trained
+                           if (r.get("measured_peak_bytes") or 0) > r["budget_bytes"]),
+        "over_declared_memory": sum(1 for r in recs if r.get("declared_memory_bytes") and
+                                    (r.get("peak_rss_bytes") or 0)
+                                    > r["declared_memory_bytes"]),
+    }
+
+
+def report(recs: list[dict]) -> dict:
+    """The fleet's summary: per device, per kind of user (real, synthetic), and per user."""
+    devices = sorted({r["device"] for r in recs})
+    pids = [r["pid"] for r in recs if r.get("pid") is not None]
+    spans = [(r["started_at"], r["ended_at"]) for r in recs
+             if r.get("started_at") and r.get("ended_at")]
+    per_device = {d: {"budget_bytes": next(r["budget_bytes"] for r in recs if r["device"] == d),
+                      **{kind: group_summary([r for r in recs if r["device"] == d
+                                              and r["kind"] == kind])
+                         for kind in ("real", "synthetic")}} for d in devices}
+    return {
+        "records": len(recs), "devices": per_device,
+        "distinct_processes": len(set(pids)), "runs_with_a_process": len(pids),
+        "first_start": min((s for s, _ in spans), default=None),
+        "last_end": max((e for _, e in spans), default=None),
+        "users": [{k: r.get(k) for k in ("user", "kind", "device", "status", "accuracy_before",
+                                         "accuracy_after", "gain_points", "guard",
+                                         "measured_peak_bytes", "attempts")} for r in recs],
+    }
+
+
+def mib(n) -> str:
+    return "" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+def table(rep: dict) -> str:
+    """The per-device summary as a terminal table."""
+    head = (f"{'device':18} {'users':>9} {'trained':>7} {'no fit':>6} {'peak (median)':>14} "
+            f"{'budget':>11} {'step':>9} {'gain median':>11} {'gained/lost/same':>16} "
+            f"{'guard kept':>10}")
+    lines = [head, "-" * len(head)]
+    for d, s in rep["devices"].items():
+        for kind in ("real", "synthetic"):
+            g = s[kind]
+            if not g["users"]:
+                continue
+            peak = g["peak_bytes"]["median"] if g["peak_bytes"] else None
+            step = f"{g['step_time_s']['median'] * 1e3:.1f} ms" if g["step_time_s"] else ""
+            gain = f"{g['gain_points']['median']:+.1f} pt" if g["gain_points"] else ""
+            lines.append(
+                f"{d:18} {g['users']:>5} {kind[:4]:>3} {g['trained']:>7} "
+                f"{g['does_not_fit']:>6} {mib(peak):>14} {mib(s['budget_bytes']):>11} "
+                f"{step:>9} {gain:>11} "
+                f"{g['gained']:>6}/{g['lost']}/{g['unchanged']:<6} "
+                f"{g['guard'].get('kept population', 0):>10}")
+    lines.append(f"{rep['records']} records from {rep['distinct_processes']} processes "
+                 f"({rep['runs_with_a_process']} runs in a process)")
+    return "\n".join(lines)
+
+
+def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
+    """gains.png, peaks.png and timeline.png in out_dir; their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    devices = sorted({r["device"] for r in recs})
+    trained = [r for r in recs if r["status"] == "trained"]
+    fig, axes = plt.subplots(1, len(devices), figsize=(4 * len(devices), 3), squeeze=False)
+    for ax, d in zip(axes[0], devices):
+        for kind, colour in (("synthetic", "tab:blue"), ("real", "tab:orange")):
+            g = [r["gain_points"] for r in trained if r["device"] == d and r["kind"] == kind
+                 and r.get("gain_points") is not None]
+            if g:
+                ax.hist(g, bins=20, color=colour, alpha=0.7, label=f"{kind} ({len(g)})")
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_title(d, fontsize=9)
+        ax.set_xlabel("gain in held-out accuracy (points)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths = [out_dir / "gains.png"]
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(devices)), 3.2))
+    for i, d in enumerate(devices):
+        peaks = [r["measured_peak_bytes"] / 2**20 for r in trained if r["device"] == d
+                 and r.get("measured_peak_bytes") is not None]
+        budget = next(r["budget_bytes"] for r in recs if r["device"] == d) / 2**20
+        jitter = np.random.default_rng(i).uniform(-0.15, 0.15, len(peaks))
+        ax.scatter(i + jitter, peaks, s=6, alpha=0.5)
+        ax.hlines(budget, i - 0.35, i + 0.35, colors="r", lw=2)
+    ax.set_xticks(range(len(devices)), devices, fontsize=8, rotation=15)
+    ax.set_yscale("log")
+    ax.set_ylabel("MiB (red: the device's budget)")
+    ax.set_title("measured training peak per run, against its device's budget", fontsize=9)
+    fig.tight_layout()
+    paths.append(out_dir / "peaks.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    spans = sorted((r for r in recs if r.get("started_at") and r.get("ended_at")),
+                   key=lambda r: r["started_at"])
+    if spans:
+        t0 = spans[0]["started_at"]
+        fig, ax = plt.subplots(figsize=(8, 3))
+        colours = {d: f"C{i}" for i, d in enumerate(devices)}
+        for k, r in enumerate(spans):
+            ax.plot([r["started_at"] - t0, r["ended_at"] - t0], [k, k],
+                    color=colours[r["device"]], lw=1)
+        for d, c in colours.items():
+            ax.plot([], [], color=c, label=d)
+        ax.set_xlabel("seconds since the first task started")
+        ax.set_ylabel("task (by start)")
+        ax.legend(fontsize=7)
+        ax.set_title("fleet timeline: each task's time in its worker", fontsize=9)
+        fig.tight_layout()
+        paths.append(out_dir / "timeline.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return [str(p) for p in paths]
+
+
+def load_records(fleet_dir: str | Path) -> list[dict]:
+    path = Path(fleet_dir) / "fleet.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run `edgetrain fleet` into "
+                                f"{fleet_dir} first")
+    return json.loads(path.read_text())

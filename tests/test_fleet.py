@@ -1,0 +1,149 @@
+"""The fleet on Ray: a two-node local cluster, a worker killed mid-run, every user x device done
+exactly once with the results of an undisturbed run; synthetic users are reproducible; a bad
+spec is refused with a clear error."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_sim.fleetspec import SpecError, parse_spec
+from device_sim.fleettask import OUTCOME_KEYS, result_path
+from device_sim.synthusers import SYNTHETIC_BASE, rotation, synthetic_recordings
+from edgetrain import data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def imu_artifact(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fleet") / "imu"
+    subprocess.run([sys.executable, "-m", "edgetrain.cli", "export", "--model", "imu_cnn",
+                    "--epochs", "0", "--update", "head", "--micro-batch", "8", "--out",
+                    str(out), "--json"], check=True, capture_output=True, cwd=ROOT)
+    return out
+
+
+def _spec(artifact: Path, faults: dict | None = None):
+    return parse_spec({
+        "artifact": str(artifact), "users": {"real": [10], "synthetic": 2, "seed": 3},
+        "devices": {"watch-app-low": 1, "mcu-256kb": 1}, "every_device": True,
+        "micro_batch": {"*": 8},
+        "personalise": {"epochs": 2, "lr_grid": [0.003], "checkpoint_every": 1},
+        "threads": 1, "max_retries": 2, "faults": faults or {}})
+
+
+def _outcomes(records: list[dict]) -> dict:
+    return {(r["user"], r["device"]): {k: r.get(k) for k in OUTCOME_KEYS} for r in records}
+
+
+def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from device_sim.fleet import run_fleet
+
+    calm = run_fleet(_spec(imu_artifact), tmp_path / "calm", workers=2)
+    assert calm.failed == [] and calm.scheduled == 6
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        killed = f"{SYNTHETIC_BASE}@watch-app-low"  # SIGKILLed at its 3rd optimizer step
+        spec = _spec(imu_artifact, {killed: "step:3"})
+        run = run_fleet(spec, tmp_path / "storm", address=cluster.address)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert run.failed == [] and run.scheduled == 6
+    recs = run.records
+    # every user x device exactly once, with the undisturbed run's outcome
+    assert sorted((r["user"], r["device"]) for r in recs) == sorted(spec.pairs())
+    assert _outcomes(recs) == _outcomes(calm.records)
+    by = {(r["user"], r["device"]): r for r in recs}
+    hit = by[(SYNTHETIC_BASE, "watch-app-low")]
+    assert hit["attempts"] == 2 and hit["resumed_from_step"] is not None
+    assert all(r["attempts"] == 1 for k, r in by.items() if k != (SYNTHETIC_BASE,
+                                                                    "watch-app-low"))
+    # a device too small is recorded once with its error, never retried
+    for u in (10, SYNTHETIC_BASE, SYNTHETIC_BASE + 1):
+        r = by[(u, "mcu-256kb")]
+        assert r["status"] == "does not fit" and "budget" in r["error"]
+    # one capped runtime per process; no run over its budget; both nodes used
+    pids = [r["pid"] for r in recs]
+    assert len(set(pids)) == len(pids)
+    trained = [r for r in recs if r["status"] == "trained"]
+    assert len(trained) == 3
+    assert all(0 < r["measured_peak_bytes"] <= r["budget_bytes"] for r in trained)
+    assert len({r["ray_node"] for r in recs}) == 2
+    assert not any(r["torch_loaded"] for r in recs)
+
+    # the same command again: nothing runs, nothing is written twice
+    files = sorted(p.stat().st_mtime_ns for p in (tmp_path / "storm" / "results").rglob("*.json"))
+    again = run_fleet(spec, tmp_path / "storm", workers=1)
+    assert again.scheduled == 0 and again.skipped == 6
+    assert sorted(p.stat().st_mtime_ns
+                  for p in (tmp_path / "storm" / "results").rglob("*.json")) == files
+    assert result_path(tmp_path / "storm", 10, "mcu-256kb").is_file()
+
+
+def test_a_rerun_with_another_spec_is_refused(imu_artifact, tmp_path):
+    from device_sim.fleet import prepare
+
+    prepare(_spec(imu_artifact), tmp_path)
+    other = parse_spec({"artifact": str(imu_artifact), "users": {"real": [10]},
+                        "devices": {"watch-app-low": 1}})
+    with pytest.raises(SpecError, match="another spec"):
+        prepare(other, tmp_path)
+
+
+def test_synthetic_users_are_seeded_and_physical():
+    recs = data.load_recordings()
+    a, wa = synthetic_recordings(recs, SYNTHETIC_BASE + 7, 0, (9, 10))
+    b, _ = synthetic_recordings(recs, SYNTHETIC_BASE + 7, 0, (9, 10))
+    c, wc = synthetic_recordings(recs, SYNTHETIC_BASE + 7, 1, (9, 10))
+    assert all(np.array_equal(x, y) for x, y in zip(a.x, b.x))  # same seed: same arrays
+    assert wa != wc  # another seed: another wearer
+    assert wa.source_subject == 10 and set(a.subject) == {SYNTHETIC_BASE + 7}
+    src = recs.x[int(np.flatnonzero(recs.subject == 10)[0])]
+    # resampled by the clock's ratio; every class on both arms stays
+    assert abs(len(a.x[0]) - len(src) / wa.rate_ratio) <= 2
+    assert set(zip(a.y.tolist(), a.side.tolist())) == {(c_, s) for c_ in range(7) for s in (0, 1)}
+    r = rotation(25.0, -5.0, 8.0)  # a rotation keeps gravity's magnitude
+    np.testing.assert_allclose(r @ r.T, np.eye(3), atol=1e-12)
+    assert abs(np.linalg.det(r) - 1) < 1e-12
+    # the arm split works on a synthetic user as on a real one
+    split = data.leave_one_subject_out(a, SYNTHETIC_BASE + 7)
+    assert len(split.personalise[1]) > 0 and len(split.test[1]) > 0
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"users": {"real": [10]}, "devices": {"watch-app-low": 1}}, "needs \"artifact\""),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"no-such": 1}}, "unknown device"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"watch-app-low": 0}}, "weight"),
+    ({"artifact": "a", "users": {"synthetic": -1}, "devices": {"mcu-2mb": 1}}, "synthetic"),
+    ({"artifact": "a", "users": {}, "devices": {"mcu-2mb": 1}}, "no users"),
+    ({"artifact": "a", "users": {"real": ["x"]}, "devices": {"mcu-2mb": 1}}, "subject numbers"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "micro_batch": {"*": -2}}, "micro_batch"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "personalise": {"epoch": 2}}, "unknown personalise"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1}, "extra": 1},
+     "unknown fleet spec keys"),
+])
+def test_bad_specs_say_what_and_how_to_fix(doc, message):
+    with pytest.raises(SpecError, match=message):
+        parse_spec(doc)
+
+
+def test_fleet_users_must_be_outside_the_pretraining_population(imu_artifact, tmp_path):
+    from device_sim.fleet import check_users
+
+    spec = parse_spec({"artifact": str(imu_artifact), "users": {"real": [3]},
+                       "devices": {"watch-app-low": 1}})
+    with pytest.raises(SpecError, match="pretraining population"):
+        check_users(spec)

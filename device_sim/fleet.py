@@ -39,6 +39,7 @@ MiB = 1 << 20
 # and the report flags any that does not).
 PROCESS_BASE_BYTES = 512 * MiB
 SPEC_FILE, MERGED_FILE, PLANS = "fleet-spec.json", "fleet.json", "plans"
+IN_FLIGHT_PER_CPU = 4
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def micro_batches(spec: FleetSpec, out: Path) -> dict[str, int | None]:
         path = out / PLANS / f"{device}.json"
         if not path.is_file():
             r = plan(spec.artifact, PROFILES[device].ram_budget_bytes, threads=spec.threads)
+            path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, json.dumps(r.to_dict(), indent=1).encode())
         c = json.loads(path.read_text())["chosen"]
         chosen[device] = c["micro_batch"] if c else 0
@@ -132,7 +134,7 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     try:
         if todo:
             cpus = int(ray.cluster_resources().get("CPU", 0))
-            failed = _schedule(ray, spec, out, todo, mbs, progress)
+            failed = _schedule(ray, spec, out, todo, mbs, progress, cpus)
     finally:
         if started:
             ray.shutdown()
@@ -140,32 +142,44 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
                     time.perf_counter() - t0, cpus)
 
 
-def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress) -> list:
-    """Send each (user, device) of `todo` to Ray, wait for all; the ones whose retries ran out."""
+def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress,
+              cpus: int) -> list:
+    """Run each (user, device) of `todo` on Ray, at most IN_FLIGHT_PER_CPU tasks per cluster
+    CPU submitted at a time (a million users never means a million ObjectRefs, and each wait
+    looks at a short list); the ones whose retries ran out."""
     task = ray.remote(max_calls=1)(run_task)  # a worker runs one task, then exits
     refs, failed = {}, []
-    for u, d in todo:
-        if mbs[d] == 0:  # no micro-batch fits: a record, no task
-            _record_unplannable(out, u, d)
-            if progress:
-                progress(1)
-            continue
-        declared = PROFILES[d].ram_budget_bytes + PROCESS_BASE_BYTES
-        ref = task.options(num_cpus=spec.threads, memory=declared, max_retries=spec.max_retries,
-                           retry_exceptions=False, name=f"u{u}@{d}"
-                           ).remote(spec, str(out), u, d, mbs[d], declared)
-        refs[ref] = (u, d)
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+    queue = iter(todo)
+    limit = max(2, IN_FLIGHT_PER_CPU * cpus)
+
+    def submit_next() -> bool:
+        for u, d in queue:
+            if mbs[d] == 0:  # no micro-batch fits: a record, no task
+                _record_unplannable(out, u, d)
+                if progress:
+                    progress(1)
+                continue
+            declared = PROFILES[d].ram_budget_bytes + PROCESS_BASE_BYTES
+            ref = task.options(num_cpus=spec.threads, memory=declared,
+                               max_retries=spec.max_retries, retry_exceptions=False,
+                               name=f"u{u}@{d}").remote(spec, str(out), u, d, mbs[d], declared)
+            refs[ref] = (u, d)
+            return True
+        return False
+
+    while len(refs) < limit and submit_next():
+        pass
+    while refs:
+        ready, _ = ray.wait(list(refs), num_returns=1)
         for ref in ready:
-            u, d = refs[ref]
+            u, d = refs.pop(ref)
             try:
                 ray.get(ref)
             except Exception as e:  # noqa: BLE001 - retries ran out: reported, no record
                 failed.append((u, d, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
             if progress:
                 progress(1)
+            submit_next()
     return failed
 
 

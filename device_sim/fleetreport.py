@@ -122,6 +122,12 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
                  and r.get("gain_points") is not None]
             if g:
                 ax.hist(g, bins=20, color=colour, alpha=0.7, label=f"{kind} ({len(g)})")
+        if not any(r["device"] == d for r in trained):
+            n = sum(r["device"] == d for r in recs)
+            ax.text(0.5, 0.5, f"no run fits\n({n} users recorded\nas 'does not fit')",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9)
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.axvline(0, color="k", lw=0.8)
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("gain in held-out accuracy (points)")
@@ -161,7 +167,7 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
         for d, c in colours.items():
             ax.plot([], [], color=c, label=d)
         ax.set_xlabel("seconds since the first task started")
-        ax.set_ylabel("task (by start)")
+        ax.set_ylabel("task, in order of start")
         ax.legend(fontsize=7)
         ax.set_title("fleet timeline: each task's time in its worker", fontsize=9)
         fig.tight_layout()

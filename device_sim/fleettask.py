@@ -87,12 +87,9 @@ def peak_rss_bytes() -> int:
 
 
 def _ray_node() -> str | None:
-    """The Ray node this task runs on (None outside Ray)."""
-    try:
-        import ray
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-    except ImportError:
-        return None
+    """The Ray node this task runs on (None outside Ray: ray is not even imported then)."""
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray and ray.is_initialized() else None
 
 
 def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int | None,

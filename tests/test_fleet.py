@@ -80,6 +80,8 @@ def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path):
     assert len(trained) == 3
     assert all(0 < r["measured_peak_bytes"] <= r["budget_bytes"] for r in trained)
     assert len({r["ray_node"] for r in recs}) == 2
+    # what each task declared to Ray covers its process's measured RSS
+    assert all(r["peak_rss_bytes"] <= r["declared_memory_bytes"] for r in recs)
     assert not any(r["torch_loaded"] for r in recs)
 
     # the same command again: nothing runs, nothing is written twice

@@ -82,6 +82,9 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
                    "resnet50 and imu_cnn, 0.5 for imu_transformer).")
 @click.option("--holdout-user", type=int, default=10, show_default=True,
               help="Subject left out of population pretraining (personalise on this one).")
+@click.option("--also-holdout", type=str, default="", metavar="N,N",
+              help="More subjects left out of pretraining, e.g. 8,9 (a fleet's real users and "
+                   "the sources of its synthetic ones: docs/fleet.md).")
 @click.option("--micro-batch", type=int, default=8, show_default=True)
 @click.option("--accumulate", type=int, default=1, show_default=True,
               help="Micro-batches summed per optimizer step.")
@@ -124,9 +127,9 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
               help="With --plan auto: an update plan it may choose as well (repeatable, e.g. "
                    "--plan-update head). It changes what trains, so check its accuracy.")
 @json_option
-def export(model_name, out, width, holdout_user, micro_batch, accumulate, threads, epochs, lr,
-           no_cache, recompute, device, budget, density, mask_allocation, mask_init, update,
-           int8_frozen, plan_mode, plan_updates, as_json):
+def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
+           epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
+           update, int8_frozen, plan_mode, plan_updates, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -146,7 +149,7 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
                                "--budget or --device, and those apply only to them")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
-                             epochs=epochs)
+                             epochs=epochs, also_held_out=subjects(also_holdout))
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
 
         def build(folder, recompute_plan, update_plan):
@@ -216,3 +219,12 @@ def export(model_name, out, width, holdout_user, micro_batch, accumulate, thread
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward")
+
+
+def subjects(text: str) -> tuple[int, ...]:
+    """"8,9" -> (8, 9); "" -> ()."""
+    try:
+        return tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of subject numbers; write e.g. 8,9",
+                                 param_hint="--also-holdout") from None

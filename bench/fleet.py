@@ -1,0 +1,180 @@
+"""The fleet at scale: Ray's own cost per task, throughput at 1 and 2 workers, 1,000+ users.
+
+    .venv/bin/python bench/fleet.py            # ~45 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/fleet.py --report   # the tables from saved results
+
+1. The artifact: imu_cnn pretrained on subjects 1-7 (8, 9 and 10 held out: the fleet's real
+   users and the sources of its synthetic ones), training its head:
+   `edgetrain export --model imu_cnn --also-holdout 8,9 --update head --out artifacts/imu_fleet`.
+2. Ray's cost per task at our task size, on the embedded local Ray with 2 CPUs: TASKS empty
+   tasks with max_calls=1 (a fresh worker process each, as the fleet runs them) and the same
+   with workers reused (Ray's scheduling alone).
+3. Throughput: the same THROUGHPUT_USERS synthetic users on watch-app-low, 1 worker then 2
+   (fresh fleet folders, `edgetrain fleet --workers N`): personalisations per hour, wall clock
+   from the command's start (Ray's start included) to its end.
+4. examples/fleet-1000.json (1,003 users on a mix of four devices, micro-batch chosen by the
+   planner per device) to completion on 2 workers: its report and pictures
+   (docs/img/fleet-gains.png, fleet-peaks.png, fleet-timeline.png).
+Results: bench/results/fleet.json; tables in docs/results.md (marker `fleet`). Nothing else
+should run meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from common import ROOT, replace_table, run, save_results
+
+RESULTS = ROOT / "bench" / "results" / "fleet.json"
+DOC = ROOT / "docs" / "results.md"
+ART = ROOT / "artifacts" / "imu_fleet"
+WORK = ROOT / "runs" / "bench-fleet"
+TASKS = 40
+THROUGHPUT_USERS = 60
+
+
+def export() -> None:
+    if not (ART / "manifest.json").is_file():
+        run("export", "--model", "imu_cnn", "--also-holdout", "8,9", "--update", "head",
+            "--out", str(ART), "--json")
+
+
+def ray_overhead() -> dict:
+    import ray
+
+    def empty() -> int:
+        return os.getpid()
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        out = {}
+        for label, remote in (("fresh_process", ray.remote(max_calls=1)(empty)),
+                              ("reused_worker", ray.remote(empty))):
+            ray.get([remote.remote() for _ in range(4)])  # workers started once
+            t0 = time.perf_counter()
+            pids = ray.get([remote.remote() for _ in range(TASKS)])
+            wall = time.perf_counter() - t0
+            out[label] = {"tasks": TASKS, "wall_s": wall, "cpus": 2,
+                          "cpu_s_per_task": wall * 2 / TASKS, "processes": len(set(pids))}
+        return out
+    finally:
+        ray.shutdown()
+
+
+def busy_cpu_s() -> float:
+    """CPU-seconds every core has spent busy since boot (/proc/stat: user, nice, system, irq,
+    softirq), so a run's whole cost is counted: its workers, Ray's own processes, the driver."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def fleet(spec: dict | Path, name: str, workers: int) -> dict:
+    out = WORK / name
+    shutil.rmtree(out, ignore_errors=True)
+    if isinstance(spec, dict):
+        path = WORK / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(spec))
+        spec = path
+    t0, c0 = time.perf_counter(), busy_cpu_s()
+    doc = json.loads(run("fleet", str(spec), "--out", str(out), "--workers", str(workers),
+                         "--plots", str(out / "plots"), "--json"))
+    wall, cpu = time.perf_counter() - t0, busy_cpu_s() - c0
+    rep = doc["report"]
+    n = doc["scheduled"]
+    span = (rep["last_end"] - rep["first_start"]) if rep["first_start"] else None
+    return {"name": name, "workers": workers, "runs": n, "wall_s": wall,
+            "runs_per_hour": n / wall * 3600, "cpu_s": cpu, "cpu_s_per_run": cpu / max(1, n),
+            "cores_busy": cpu / wall, "span_s": span,
+            "steady_runs_per_hour": n / span * 3600 if span else None, "failed": doc["failed"],
+            "report": {k: v for k, v in rep.items() if k != "users"}, "out": str(out),
+            "plots": doc["plots"]}
+
+
+def throughput_spec() -> dict:
+    return {"artifact": str(ART), "users": {"synthetic": THROUGHPUT_USERS, "seed": 1,
+                                            "sources": [8, 9, 10]},
+            "devices": {"watch-app-low": 1}, "micro_batch": {"*": 8},
+            "personalise": {"epochs": 3}, "threads": 1}
+
+
+def report(r: dict) -> None:
+    rows = ["| measurement | value |", "|---|---:|"]
+    o = r.get("ray_overhead")
+    if o:
+        for k, v in o.items():
+            rows.append(f"| Ray, an empty task ({k.replace('_', ' ')}, {v['tasks']} tasks on 2 "
+                        f"CPUs): CPU-seconds a task | {v['cpu_s_per_task']:.3f} s |")
+    for name in ("throughput_1", "throughput_2"):
+        t = r.get(name)
+        if t:
+            rows.append(f"| {t['runs']} users on watch-app-low, {t['workers']} worker(s): wall "
+                        f"(runs/hour) | {t['wall_s']:.1f} s ({t['runs_per_hour']:.0f}) |")
+            if t.get("cpu_s"):
+                rows.append(f"| … first task's start to last task's end (runs/hour) | "
+                            f"{t['span_s']:.1f} s ({t['steady_runs_per_hour']:.0f}) |")
+                rows.append(f"| … CPU-seconds a run, all processes (cores busy on average) | "
+                            f"{t['cpu_s_per_run']:.2f} ({t['cores_busy']:.2f}) |")
+    if r.get("throughput_1") and r.get("throughput_2"):
+        t1, t2 = r["throughput_1"], r["throughput_2"]
+        rows.append(f"| 2 workers ÷ 1 worker, runs per hour: wall clock (first start to last "
+                    f"end) | {t2['runs_per_hour'] / t1['runs_per_hour']:.2f}× "
+                    + (f"({t2['steady_runs_per_hour'] / t1['steady_runs_per_hour']:.2f}×)"
+                       if t1.get("span_s") and t2.get("span_s") else "") + " |")
+    big = r.get("fleet_1000")
+    if big:
+        rows.append(f"| examples/fleet-1000.json, 2 workers: {big['runs']} runs | "
+                    f"{big['wall_s'] / 60:.1f} min ({big['runs_per_hour']:.0f} runs/hour) |")
+    lines = ["\n".join(rows)]
+    if big:
+        lines.append("")
+        lines.append("| device | budget | users (real + synthetic) | trained | does not fit | "
+                     "peak, median (max) | step, median | gain median [p10, p90] | gained / "
+                     "lost / same | guard kept the population model |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for d, s in big["report"]["devices"].items():
+            for kind in ("real", "synthetic"):
+                g = s[kind]
+                if not g["users"]:
+                    continue
+                pk, st, gn = g["peak_bytes"], g["step_time_s"], g["gain_points"]
+                lines.append(
+                    f"| {d} | {s['budget_bytes'] / 2**20:.2f} MiB | {g['users']} {kind} | "
+                    f"{g['trained']} | {g['does_not_fit']} | "
+                    + (f"{pk['median'] / 2**20:.2f} ({pk['max'] / 2**20:.2f}) MiB" if pk else "")
+                    + " | " + (f"{st['median'] * 1e3:.1f} ms" if st else "") + " | "
+                    + (f"{gn['median']:+.1f} [{gn['p10']:+.1f}, {gn['p90']:+.1f}]" if gn else "")
+                    + f" | {g['gained']} / {g['lost']} / {g['unchanged']} | "
+                    f"{g['guard'].get('kept population', 0)} |")
+    replace_table(DOC, lines, "fleet")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true", help="only rebuild the tables")
+    args = ap.parse_args()
+    r = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    if not args.report:
+        export()
+        steps = [("ray_overhead", ray_overhead),
+                 ("throughput_1", lambda: fleet(throughput_spec(), "throughput-1", 1)),
+                 ("throughput_2", lambda: fleet(throughput_spec(), "throughput-2", 2)),
+                 ("fleet_1000", lambda: fleet(ROOT / "examples" / "fleet-1000.json",
+                                              "fleet-1000", 2))]
+        for key, fn in steps:
+            if key not in r:
+                r[key] = fn()
+                save_results("fleet", r)
+                print(key, json.dumps(r[key])[:400], flush=True)
+        for pic in r["fleet_1000"]["plots"]:
+            shutil.copy(pic, ROOT / "docs" / "img" / f"fleet-{Path(pic).name}")
+    report(r)
+
+
+if __name__ == "__main__":
+    main()

@@ -40,12 +40,13 @@ def _outcomes(records: list[dict]) -> dict:
     return {(r["user"], r["device"]): {k: r.get(k) for k in OUTCOME_KEYS} for r in records}
 
 
-def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path):
+def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
     from device_sim.fleet import run_fleet
 
+    monkeypatch.setattr("device_sim.fleet.IN_FLIGHT_PER_CPU", 1)  # 2 in flight: the queue moves
     calm = run_fleet(_spec(imu_artifact), tmp_path / "calm", workers=2)
     assert calm.failed == [] and calm.scheduled == 6
 

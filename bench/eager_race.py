@@ -12,8 +12,7 @@ pages, kernel selection) and then TIMED_STEPS timed steps (SHORT_TIMED_STEPS whe
 under SHORT_STEP_S: a few-millisecond step needs many to be seen through the noise); a round's
 time is the median of its timed steps and the row's time the median of the three rounds.
 Nothing else runs meanwhile. Results: bench/results/eager_race.json; table in docs/results.md
-(marker
-`eager-race`).
+(marker `eager-race`).
 """
 from __future__ import annotations
 
@@ -60,18 +59,17 @@ def race(c, tmp: Path) -> dict:
     art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
                  c.accumulation, update)
     trainable = [t.name for t in load_manifest(art).trainable] if update != "all" else None
-    steps = 1 + TIMED_STEPS
-    probe = steady_s(measured_step(art, c.micro_batch, c.accumulation, steps)["step_times_s"])
-    if probe < SHORT_STEP_S:
-        steps = 1 + SHORT_TIMED_STEPS
-    ours, theirs = [], []
-    for _ in range(ROUNDS):
+    steps, ours, theirs = 1 + TIMED_STEPS, [], []
+    while len(ours) < ROUNDS:
         ours.append(steady_s(measured_step(art, c.micro_batch, c.accumulation,
                                            steps)["step_times_s"]))
+        if ours[0] < SHORT_STEP_S and steps == 1 + TIMED_STEPS:  # a short step: more steps
+            steps, ours = 1 + SHORT_TIMED_STEPS, []
+            continue
         theirs.append(eager_step_s(c, trainable, steps))
     row = {"config": c.name, "network": c.network, "update": update,
            "micro_batch": c.micro_batch, "accumulation": c.accumulation,
-           "edgetrain_step_s": ours, "eager_step_s": theirs,
+           "timed_steps": steps - 1, "edgetrain_step_s": ours, "eager_step_s": theirs,
            "edgetrain_median_s": statistics.median(ours),
            "eager_median_s": statistics.median(theirs)}
     row["ratio"] = row["edgetrain_median_s"] / row["eager_median_s"]

@@ -1,6 +1,6 @@
 """The fleet at scale: Ray's own cost per task, throughput at 1 and 2 workers, 1,000+ users.
 
-    .venv/bin/python bench/fleet.py            # ~45 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/fleet.py            # ~60 min on 2 cores; continues a stopped run
     .venv/bin/python bench/fleet.py --report   # the tables from saved results
 
 1. The artifact: imu_cnn pretrained on subjects 1-7 (8, 9 and 10 held out: the fleet's real
@@ -9,11 +9,13 @@
 2. Ray's cost per task at our task size, on the embedded local Ray with 2 CPUs: TASKS empty
    tasks with max_calls=1 (a fresh worker process each, as the fleet runs them) and the same
    with workers reused (Ray's scheduling alone).
-3. Throughput: the same THROUGHPUT_USERS synthetic users on watch-app-low, 1 worker then 2
+3. Throughput: the same THROUGHPUT_USERS synthetic users on watch-app-low, 1 worker, 2 workers,
+   and 1 worker with the command and every process it starts (Ray's too) confined to core 0
    (fresh fleet folders, `edgetrain fleet --workers N`): personalisations per hour, wall clock
-   from the command's start (Ray's start included) to its end.
+   from the command's start (Ray's start included) to its end, and from the first task's start
+   to the last task's end; the CPU-seconds every process spent (/proc/stat).
 4. examples/fleet-1000.json (1,003 users on a mix of four devices, micro-batch chosen by the
-   planner per device) to completion on 2 workers: its report and pictures
+   planner per device) to completion on 2 workers, then on 1: its report and pictures
    (docs/img/fleet-gains.png, fleet-peaks.png, fleet-timeline.png).
 Results: bench/results/fleet.json; tables in docs/results.md (marker `fleet`). Nothing else
 should run meanwhile.
@@ -24,10 +26,11 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import CLI, ROOT, replace_table, run, save_results
 
 RESULTS = ROOT / "bench" / "results" / "fleet.json"
 DOC = ROOT / "docs" / "results.md"
@@ -73,7 +76,7 @@ def busy_cpu_s() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
 
 
-def fleet(spec: dict | Path, name: str, workers: int) -> dict:
+def fleet(spec: dict | Path, name: str, workers: int, one_core: bool = False) -> dict:
     out = WORK / name
     shutil.rmtree(out, ignore_errors=True)
     if isinstance(spec, dict):
@@ -82,13 +85,19 @@ def fleet(spec: dict | Path, name: str, workers: int) -> dict:
         path.write_text(json.dumps(spec))
         spec = path
     t0, c0 = time.perf_counter(), busy_cpu_s()
-    doc = json.loads(run("fleet", str(spec), "--out", str(out), "--workers", str(workers),
-                         "--plots", str(out / "plots"), "--json"))
+    args = ["fleet", str(spec), "--out", str(out), "--workers", str(workers), "--plots",
+            str(out / "plots"), "--json"]
+    if one_core:  # the command and every process it starts (Ray's too) on core 0
+        p = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, check=True,
+                           preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+        doc = json.loads(p.stdout)
+    else:
+        doc = json.loads(run(*args))
     wall, cpu = time.perf_counter() - t0, busy_cpu_s() - c0
     rep = doc["report"]
     n = doc["scheduled"]
     span = (rep["last_end"] - rep["first_start"]) if rep["first_start"] else None
-    return {"name": name, "workers": workers, "runs": n, "wall_s": wall,
+    return {"name": name, "workers": workers, "one_core": one_core, "runs": n, "wall_s": wall,
             "runs_per_hour": n / wall * 3600, "cpu_s": cpu, "cpu_s_per_run": cpu / max(1, n),
             "cores_busy": cpu / wall, "span_s": span,
             "steady_runs_per_hour": n / span * 3600 if span else None, "failed": doc["failed"],
@@ -110,11 +119,13 @@ def report(r: dict) -> None:
         for k, v in o.items():
             rows.append(f"| Ray, an empty task ({k.replace('_', ' ')}, {v['tasks']} tasks on 2 "
                         f"CPUs): CPU-seconds a task | {v['cpu_s_per_task']:.3f} s |")
-    for name in ("throughput_1", "throughput_2"):
+    for name in ("throughput_1", "throughput_2", "throughput_1_one_core"):
         t = r.get(name)
         if t:
-            rows.append(f"| {t['runs']} users on watch-app-low, {t['workers']} worker(s): wall "
-                        f"(runs/hour) | {t['wall_s']:.1f} s ({t['runs_per_hour']:.0f}) |")
+            where = (", everything on one core (Ray's processes too)" if t.get("one_core")
+                     else "")
+            rows.append(f"| {t['runs']} users on watch-app-low, {t['workers']} worker(s){where}: "
+                        f"wall (runs/hour) | {t['wall_s']:.1f} s ({t['runs_per_hour']:.0f}) |")
             if t.get("cpu_s"):
                 rows.append(f"| … first task's start to last task's end (runs/hour) | "
                             f"{t['span_s']:.1f} s ({t['steady_runs_per_hour']:.0f}) |")
@@ -126,10 +137,20 @@ def report(r: dict) -> None:
                     f"end) | {t2['runs_per_hour'] / t1['runs_per_hour']:.2f}× "
                     + (f"({t2['steady_runs_per_hour'] / t1['steady_runs_per_hour']:.2f}×)"
                        if t1.get("span_s") and t2.get("span_s") else "") + " |")
+    if r.get("throughput_1_one_core") and r.get("throughput_2"):
+        t1, t2 = r["throughput_1_one_core"], r["throughput_2"]
+        rows.append(f"| 2 workers on 2 cores ÷ 1 worker on 1 core, runs per hour: wall clock "
+                    f"(first start to last end) | {t2['runs_per_hour'] / t1['runs_per_hour']:.2f}× "
+                    f"({t2['steady_runs_per_hour'] / t1['steady_runs_per_hour']:.2f}×) |")
     big = r.get("fleet_1000")
-    if big:
-        rows.append(f"| examples/fleet-1000.json, 2 workers: {big['runs']} runs | "
-                    f"{big['wall_s'] / 60:.1f} min ({big['runs_per_hour']:.0f} runs/hour) |")
+    for key, w in (("fleet_1000_one_worker", 1), ("fleet_1000", 2)):
+        if r.get(key):
+            f = r[key]
+            rows.append(f"| examples/fleet-1000.json, {w} worker(s): {f['runs']} users | "
+                        f"{f['wall_s'] / 60:.1f} min ({f['runs_per_hour']:.0f} users/hour) |")
+    if big and r.get("fleet_1000_one_worker"):
+        rows.append(f"| examples/fleet-1000.json, 2 workers ÷ 1 worker, users per hour | "
+                    f"{r['fleet_1000_one_worker']['wall_s'] / big['wall_s']:.2f}× |")
     lines = ["\n".join(rows)]
     if big:
         lines.append("")
@@ -164,8 +185,12 @@ def main() -> None:
         steps = [("ray_overhead", ray_overhead),
                  ("throughput_1", lambda: fleet(throughput_spec(), "throughput-1", 1)),
                  ("throughput_2", lambda: fleet(throughput_spec(), "throughput-2", 2)),
+                 ("throughput_1_one_core",
+                  lambda: fleet(throughput_spec(), "throughput-1-one-core", 1, one_core=True)),
                  ("fleet_1000", lambda: fleet(ROOT / "examples" / "fleet-1000.json",
-                                              "fleet-1000", 2))]
+                                              "fleet-1000", 2)),
+                 ("fleet_1000_one_worker", lambda: fleet(ROOT / "examples" / "fleet-1000.json",
+                                                         "fleet-1000-one-worker", 1))]
         for key, fn in steps:
             if key not in r:
                 r[key] = fn()

@@ -79,8 +79,8 @@ def race(c, tmp: Path) -> dict:
 
 def report(rows: list[dict]) -> None:
     replace_table(DOC, step_table(rows, "edgetrain_median_s", "eager_median_s",
-                                  ("edgetrain step (median of 3)", "PyTorch eager step",
-                                   "edgetrain ÷ eager")), "eager-race")
+                                  ("edgetrain step (median of 3 rounds, warm)",
+                                   "PyTorch eager step", "edgetrain ÷ eager")), "eager-race")
 
 
 def main() -> None:

@@ -140,7 +140,8 @@ def report(r: dict) -> None:
     if r.get("throughput_1_one_core") and r.get("throughput_2"):
         t1, t2 = r["throughput_1_one_core"], r["throughput_2"]
         rows.append(f"| 2 workers on 2 cores ÷ 1 worker on 1 core, runs per hour: wall clock "
-                    f"(first start to last end) | {t2['runs_per_hour'] / t1['runs_per_hour']:.2f}× "
+                    f"(first start to last end) | "
+                    f"{t2['runs_per_hour'] / t1['runs_per_hour']:.2f}× "
                     f"({t2['steady_runs_per_hour'] / t1['steady_runs_per_hour']:.2f}×) |")
     big = r.get("fleet_1000")
     for key, w in (("fleet_1000_one_worker", 1), ("fleet_1000", 2)):

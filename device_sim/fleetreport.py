@@ -180,6 +180,6 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
 def load_records(fleet_dir: str | Path) -> list[dict]:
     path = Path(fleet_dir) / "fleet.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: run `edgetrain fleet` into "
-                                f"{fleet_dir} first")
+        raise ValueError(f"{path} does not exist: {fleet_dir} is not a fleet folder; run "
+                         f"`edgetrain fleet SPEC --out {fleet_dir}` first")
     return json.loads(path.read_text())

@@ -109,7 +109,8 @@ def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int
     rec = {"user": user, "kind": "synthetic" if is_synthetic(user) else "real",
            "device": device, "budget_bytes": budget, "micro_batch": micro_batch,
            "declared_memory_bytes": declared_memory_bytes, "pid": os.getpid(),
-           "node": socket.gethostname(), "ray_node": _ray_node(), "started_at": time.time(), "status": "trained",
+           "node": socket.gethostname(), "ray_node": _ray_node(), "started_at": time.time(),
+           "status": "trained",
            "error": None, "optimizer_steps": None, "accuracy_before": None,
            "accuracy_after": None, "test_correct_before": None, "test_correct_after": None,
            "guard": None, "wearer": None}

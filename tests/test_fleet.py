@@ -150,3 +150,18 @@ def test_fleet_users_must_be_outside_the_pretraining_population(imu_artifact, tm
                        "devices": {"watch-app-low": 1}})
     with pytest.raises(SpecError, match="pretraining population"):
         check_users(spec)
+
+
+def test_cli_refuses_bad_fleet_input_with_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    cases = [(["fleet", str(tmp_path / "none.json"), "--out", str(tmp_path / "f")],
+              "does not exist"),
+             (["fleet", str(bad), "--out", str(tmp_path / "f")], "not valid JSON"),
+             (["fleet-report", str(tmp_path / "f")], "not a fleet folder")]
+    for args, words in cases:
+        p = subprocess.run([sys.executable, "-m", "edgetrain.cli", *args], capture_output=True,
+                           text=True, cwd=ROOT)
+        assert p.returncode == 2, (args, p.stderr)
+        assert words in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "f").exists()  # nothing was written

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from device_sim.faults import kill_at
 from device_sim.fleetspec import FleetSpec
+from device_sim.measure import peak_rss_bytes
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic, synthetic_recordings
 from edgetrain import data
@@ -76,14 +77,6 @@ def train_config(spec: FleetSpec, micro_batch: int | None) -> TrainConfig:
                        lrs=tuple(lrs) if lrs else None, patience=p.get("patience", 2),
                        guard_margin=p.get("guard_margin", 1), adapt=p.get("adapt", "none"),
                        labels_per_class=p.get("labels_per_class"))
-
-
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _ray_node() -> str | None:

@@ -105,7 +105,8 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
     return result
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM), in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
@@ -194,7 +195,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({
         "step_time_s": float(np.median(times)), "step_times_s": times,
-        "peak_rss_bytes": _peak_rss_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
         "torch_loaded": torch_loaded, "threads": rt.threads}))
 
 

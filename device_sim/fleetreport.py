@@ -10,6 +10,7 @@ and the fleet's timeline (each task's start and end by worker process).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +29,7 @@ def group_summary(recs: list[dict]) -> dict:
     trained = [r for r in recs if r["status"] == "trained"]
     gains = [r["gain_points"] for r in trained if r.get("gain_points") is not None]
     unfit = [r for r in recs if r["status"] == "does not fit"]
-    guard = {}
-    for r in trained:
-        guard[r.get("guard") or "no selection"] = guard.get(r.get("guard") or "no selection",
-                                                            0) + 1
+    guard = dict(Counter(r.get("guard") or "no selection" for r in trained))
     return {
         "users": len(recs), "trained": len(trained), "does_not_fit": len(unfit),
         "other_errors": len(recs) - len(trained) - len(unfit),

@@ -123,8 +123,7 @@ def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int
                    measured_peak_bytes=r.measured_peak_bytes, train_time_s=r.train_time_s,
                    select_time_s=r.select_time_s, resumed_from_step=r.resumed_from_step,
                    step_time_s=r.train_time_s / max(1, r.optimizer_steps
-                                                     - (r.resumed_from_step or 0)),
-                   torch_loaded=r.torch_loaded)
+                                                     - (r.resumed_from_step or 0)))
     except BudgetError as e:  # the device cannot train this: recorded, never retried
         rec.update(status="does not fit", error=str(e), needed_bytes=e.needed_bytes)
     except TrainingDiverged as e:

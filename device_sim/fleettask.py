@@ -29,7 +29,7 @@ from edgetrain.faultpoints import install_hook
 from edgetrain.manifest import load_manifest
 from edgetrain.personalise import TrainConfig, TrainingDiverged, personalise
 from edgetrain.selection import gain_interval
-from edgetrain.userdata import UserData
+from edgetrain.userdata import UserData, recordings_split
 
 RESULTS, RUNS, ATTEMPTS = "results", "runs", "attempts.txt"
 # what a record must equal between a disturbed and an undisturbed run (timings, process ids
@@ -57,15 +57,9 @@ def user_windows(spec: FleetSpec, user: int) -> tuple[UserData, dict | None]:
     if is_synthetic(user):
         recs, w = synthetic_recordings(recs, user, spec.seed, spec.sources)
         wearer = w.to_dict()
-    split = data.leave_one_subject_out(recs, user)
-    test = data.check_xy(*split.test, shape, k, where=f"user {user} test")
-    if not spec.personalise.get("select", True):
-        train = data.check_xy(*split.personalise, shape, k, where=f"user {user}")
-        return UserData(train, None, test), wearer
-    train, val = data.validation_split(recs, user, spec.personalise.get("val_fraction", 0.25))
-    return UserData(data.check_xy(*train, shape, k, where=f"user {user}"),
-                    data.check_xy(*val, shape, k, where=f"user {user} validation"),
-                    test), wearer
+    val = spec.personalise.get("val_fraction", 0.25)
+    return recordings_split(recs, user, shape, k,
+                            val if spec.personalise.get("select", True) else None), wearer
 
 
 def train_config(spec: FleetSpec, micro_batch: int | None) -> TrainConfig:

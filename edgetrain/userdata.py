@@ -56,15 +56,7 @@ def user_split(artifact: str, user: int | None, data_file: str | None,
                                  f"{seen}; accuracy on them would be optimistic. Export with "
                                  f"--holdout-user {user}, or pick user "
                                  f"{m.provenance.get('holdout_user')}")
-        recs = data.load_recordings()
-        split = data.leave_one_subject_out(recs, user)
-        test = data.check_xy(*split.test, shape, k, where=f"user {user} test")
-        if not val_fraction:
-            return UserData(data.check_xy(*split.personalise, shape, k, where=f"user {user}"),
-                            None, test)
-        train, val = data.validation_split(recs, user, val_fraction)
-        return UserData(data.check_xy(*train, shape, k, where=f"user {user}"),
-                        data.check_xy(*val, shape, k, where=f"user {user} validation"), test)
+        return recordings_split(data.load_recordings(), user, shape, k, val_fraction)
     train = data.load_npz(data_file, shape, k)
     test = data.load_npz(test_file, shape, k) if test_file else None
     if val_file:
@@ -74,6 +66,21 @@ def user_split(artifact: str, user: int | None, data_file: str | None,
     fit, val = time_split(np.asarray(train[1][:]), val_fraction)
     return UserData((Rows(train[0], fit), Rows(train[1], fit)),
                     (Rows(train[0], val), Rows(train[1], val)), test)
+
+
+def recordings_split(recs: data.Recordings, user: int, shape: tuple[int, ...], k: int,
+                     val_fraction: float | None) -> UserData:
+    """Subject `user` of `recs` cut by arm (one personalises, the other tests), the
+    personalisation arm cut in time into training and validation when val_fraction is given;
+    every part checked against the input spec (shape, k classes)."""
+    split = data.leave_one_subject_out(recs, user)
+    test = data.check_xy(*split.test, shape, k, where=f"user {user} test")
+    if not val_fraction:
+        return UserData(data.check_xy(*split.personalise, shape, k, where=f"user {user}"),
+                        None, test)
+    train, val = data.validation_split(recs, user, val_fraction)
+    return UserData(data.check_xy(*train, shape, k, where=f"user {user}"),
+                    data.check_xy(*val, shape, k, where=f"user {user} validation"), test)
 
 
 def time_split(y: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:

@@ -1,14 +1,15 @@
 """The fleet at scale: Ray's own cost per task, throughput at 1 and 2 workers, 1,000+ users.
 
-    .venv/bin/python bench/fleet.py            # ~60 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/fleet.py            # ~15 min on 2 cores; continues a stopped run
     .venv/bin/python bench/fleet.py --report   # the tables from saved results
 
 1. The artifact: imu_cnn pretrained on subjects 1-7 (8, 9 and 10 held out: the fleet's real
    users and the sources of its synthetic ones), training its head:
    `edgetrain export --model imu_cnn --also-holdout 8,9 --update head --out artifacts/imu_fleet`.
 2. Ray's cost per task at our task size, on the embedded local Ray with 2 CPUs: TASKS empty
-   tasks with max_calls=1 (a fresh worker process each, as the fleet runs them) and the same
-   with workers reused (Ray's scheduling alone).
+   tasks with max_calls=1 (a fresh worker process each), the same with workers reused (Ray's
+   scheduling alone), and with workers reused, each task forking one child from its worker's
+   fork server (as the fleet runs them, device_sim/fleetproc.py).
 3. Throughput: the same THROUGHPUT_USERS synthetic users on watch-app-low, 1 worker, 2 workers,
    and 1 worker with the command and every process it starts (Ray's too) confined to core 0
    (fresh fleet folders, `edgetrain fleet --workers N`): personalisations per hour, wall clock
@@ -37,6 +38,9 @@ DOC = ROOT / "docs" / "results.md"
 ART = ROOT / "artifacts" / "imu_fleet"
 WORK = ROOT / "runs" / "bench-fleet"
 TASKS = 40
+OVERHEAD_LABELS = {"fresh_process": "fresh process", "reused_worker": "reused worker",
+                   "reused_worker_forked_child": "reused worker, a forked child: as the fleet "
+                                                 "runs"}
 THROUGHPUT_USERS = 60
 
 
@@ -52,11 +56,17 @@ def ray_overhead() -> dict:
     def empty() -> int:
         return os.getpid()
 
+    def forked() -> int:  # what the fleet does per run: a child of the worker's fork server
+        from device_sim.fleetproc import fork_run
+
+        return fork_run(os.getpid, ())[0]
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         out = {}
         for label, remote in (("fresh_process", ray.remote(max_calls=1)(empty)),
-                              ("reused_worker", ray.remote(empty))):
+                              ("reused_worker", ray.remote(empty)),
+                              ("reused_worker_forked_child", ray.remote(forked))):
             ray.get([remote.remote() for _ in range(4)])  # workers started once
             t0 = time.perf_counter()
             pids = ray.get([remote.remote() for _ in range(TASKS)])
@@ -117,8 +127,8 @@ def report(r: dict) -> None:
     o = r.get("ray_overhead")
     if o:
         for k, v in o.items():
-            rows.append(f"| Ray, an empty task ({k.replace('_', ' ')}, {v['tasks']} tasks on 2 "
-                        f"CPUs): CPU-seconds a task | {v['cpu_s_per_task']:.3f} s |")
+            rows.append(f"| Ray, an empty task ({OVERHEAD_LABELS.get(k, k)}, {v['tasks']} tasks "
+                        f"on 2 CPUs): CPU-seconds a task | {v['cpu_s_per_task']:.3f} s |")
     for name in ("throughput_1", "throughput_2", "throughput_1_one_core"):
         t = r.get(name)
         if t:

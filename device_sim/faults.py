@@ -30,9 +30,11 @@ IO_ERRORS = ("ENOSPC", "EROFS", "EIO", "EACCES")
 __all__ = ["ENV", "FAULT_POINTS", "install_from_env", "kill_at", "run_until", "RunOutcome"]
 
 
-def kill_at(spec: str):
+def kill_at(spec: str, pid: int | None = None, then_wait_s: float = 0.0):
     """A fault hook that SIGKILLs this process at the n-th arrival at a point ("point:n"), or
-    sends it another signal there ("point:n:TERM", "point:n:INT": the OS asking it to stop)."""
+    sends it another signal there ("point:n:TERM", "point:n:INT": the OS asking it to stop).
+    pid: signal that process instead (its parent, say), then wait up to then_wait_s for this
+    one to be taken down with it."""
     point, _, rest = spec.partition(":")
     point, _, only = point.partition("=")
     nth, _, signame = rest.partition(":")
@@ -58,7 +60,9 @@ def kill_at(spec: str):
             p = Path(path)
             with open(p, "rb+") as f:
                 f.truncate(p.stat().st_size // 2)
-        os.kill(os.getpid(), sig)
+        os.kill(os.getpid() if pid is None else pid, sig)
+        if pid is not None:
+            time.sleep(then_wait_s)
     return hook
 
 

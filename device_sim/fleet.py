@@ -12,9 +12,10 @@ The fleet folder `out`:
   fleet.json                 every record, merged (device_sim/fleetreport.py reads it)
 Each task declares the CPUs it runs (the spec's threads) and the memory it will hold (the
 device's budget plus PROCESS_BASE_BYTES, the worker process's own RSS), so Ray never
-overcommits a node. A task runs in a worker that runs no other (max_calls=1); a worker that
-dies is retried (max_retries) and its run continues from its resume point; a run that cannot
-fit its device, diverges or has bad data is recorded and never retried. A re-run skips every
+overcommits a node. A Ray worker runs many tasks but never a runtime: each run is a process
+of its own, forked from the worker's fork server (device_sim/fleetproc.py). A run whose
+process or worker dies is retried (max_retries) and continues from its resume point; a run
+that cannot fit its device, diverges or has bad data is recorded and never retried. A re-run skips every
 user x device with a record and writes no second one.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from device_sim.fleetproc import RunProcessDied, run_in_child
 from device_sim.fleetspec import FleetSpec, SpecError
-from device_sim.fleettask import RESULTS, result_path, run_task
+from device_sim.fleettask import RESULTS, result_path, run_dir, run_task
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic
 from edgetrain.atomicfile import atomic_write_bytes
@@ -142,12 +144,26 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
                     time.perf_counter() - t0, cpus)
 
 
+def ray_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int | None,
+             declared_memory_bytes: int) -> dict:
+    """The Ray task: `user` on `device` in a process forked for it (fleetproc.run_in_child);
+    its record."""
+    import ray
+
+    done = result_path(out, user, device)
+    if not done.is_file():
+        node = ray.get_runtime_context().get_node_id()
+        run_in_child(run_task, (spec, out, user, device, micro_batch, declared_memory_bytes,
+                                node, os.getpid()), run_dir(out, user, device), done)
+    return json.loads(done.read_text())
+
+
 def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress,
               cpus: int) -> list:
     """Run each (user, device) of `todo` on Ray, at most IN_FLIGHT_PER_CPU tasks per cluster
     CPU submitted at a time (a million users never means a million ObjectRefs, and each wait
     looks at a short list); the ones whose retries ran out."""
-    task = ray.remote(max_calls=1)(run_task)  # a worker runs one task, then exits
+    task = ray.remote(ray_task)
     refs, failed = {}, []
     queue = iter(todo)
     limit = max(2, IN_FLIGHT_PER_CPU * cpus)
@@ -161,7 +177,7 @@ def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress,
                 continue
             declared = PROFILES[d].ram_budget_bytes + PROCESS_BASE_BYTES
             ref = task.options(num_cpus=spec.threads, memory=declared,
-                               max_retries=spec.max_retries, retry_exceptions=False,
+                               max_retries=spec.max_retries, retry_exceptions=[RunProcessDied],
                                name=f"u{u}@{d}").remote(spec, str(out), u, d, mbs[d], declared)
             refs[ref] = (u, d)
             return True

@@ -16,7 +16,8 @@ micro_batch: per device ("*" for the rest): a number, "auto" (the planner's conf
 plan for that device's budget, device_sim/planner.py) or "artifact" (the artifact's plan,
 the default). personalise: TrainConfig's settings (edgetrain/personalise.py) plus
 "select" and "val_fraction". faults (tests and drills): {"<user>@<device>": "<point>:<n>"}
-kills that task's first attempt there (device_sim/faults.py).
+SIGKILLs that task's first attempt there (device_sim/faults.py), "worker:<point>:<n>" kills
+the Ray worker that started it instead.
 """
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from device_sim.faults import kill_at
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import SYNTHETIC_BASE
 
+WORKER_DRILL = "worker:"  # a fault that kills the run's Ray worker, not the run's process
 PERSONALISE_KEYS = ("epochs", "lr", "lr_grid", "seed", "checkpoint_every", "patience",
                     "guard_margin", "adapt", "labels_per_class", "select", "val_fraction",
                     "accumulation_steps")
@@ -141,11 +144,19 @@ def parse_spec(doc: dict, base: Path = Path(".")) -> FleetSpec:
     for what, v, lo in (("threads", threads, 1), ("max_retries", retries, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise SpecError(f"{what} must be a whole number >= {lo}, got {v!r}")
+    faults = doc.get("faults", {})
+    if not isinstance(faults, dict):
+        raise SpecError(f"\"faults\" must map \"<user>@<device>\" to a fault, got {faults!r}")
+    for k, v in faults.items():
+        try:
+            kill_at(str(v).removeprefix(WORKER_DRILL))
+        except ValueError as e:
+            raise SpecError(f"fault {k!r}: {e}") from None
     return FleetSpec(artifact=str(art), real_users=real, synthetic_users=synthetic,
                      seed=int(users.get("seed", 0)), sources=sources, devices=dict(devices),
                      every_device=bool(doc.get("every_device", False)), micro_batch=dict(mb),
                      personalise=dict(pers), threads=threads, max_retries=retries,
-                     faults=dict(doc.get("faults", {})))
+                     faults=dict(faults))
 
 
 def load_spec(path: str | os.PathLike) -> FleetSpec:

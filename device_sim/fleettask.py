@@ -1,15 +1,17 @@
 """One fleet task: one user personalised on one device, in this process, its record written
 atomically to results/<device>/u<user>.json of the fleet folder.
 
-The fleet (device_sim/fleet.py) runs each task in a Ray worker that runs no other
-(`max_calls=1`): the runtime's memory cap belongs to the process (edgetrain/budget.py), so a
-process holds one capped runtime, and every record carries its process id to show it. The
+The fleet (device_sim/fleet.py) runs each task in a process of its own, forked for it by a
+Ray worker (device_sim/fleetproc.py): the runtime's memory cap belongs to the process
+(edgetrain/budget.py), so a process holds one capped runtime, and every record carries its
+process id (and its worker's) to show it. The
 run folder runs/<device>/u<user> holds the run's resume points: a retried task (its worker
 died) continues from the newest (edgetrain/resume.py) and ends with the same weights as an
 undisturbed run. A task whose result file exists returns it and trains nothing.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 from device_sim.faults import kill_at
-from device_sim.fleetspec import FleetSpec
+from device_sim.fleetspec import WORKER_DRILL, FleetSpec
 from device_sim.measure import peak_rss_bytes
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic, synthetic_recordings
@@ -47,13 +49,20 @@ def run_dir(out: str | os.PathLike, user: int, device: str) -> Path:
     return Path(out) / RUNS / device / f"u{user}"
 
 
+@functools.cache
+def recordings() -> data.Recordings:
+    """The built-in recordings, read once per process (a fork server reads them for all its
+    runs: fleetwarm.py); nothing downstream changes them."""
+    return data.load_recordings()
+
+
 def user_windows(spec: FleetSpec, user: int) -> tuple[UserData, dict | None]:
     """The user's (train, validation, test) windows, checked against the artifact's input, and
     for a synthetic user how it was drawn. Real users: edgetrain/data.py's arm split;
     synthetic ones: the same split of their transformed recordings."""
     m = load_manifest(spec.artifact, verify=False)
     shape, k = m.input.data_shape(), m.num_classes
-    recs, wearer = data.load_recordings(), None
+    recs, wearer = recordings(), None
     if is_synthetic(user):
         recs, w = synthetic_recordings(recs, user, spec.seed, spec.sources)
         wearer = w.to_dict()
@@ -73,22 +82,30 @@ def train_config(spec: FleetSpec, micro_batch: int | None) -> TrainConfig:
                        labels_per_class=p.get("labels_per_class"))
 
 
-def _ray_node() -> str | None:
-    """The Ray node this task runs on (None outside Ray: ray is not even imported then)."""
-    ray = sys.modules.get("ray")
-    return ray.get_runtime_context().get_node_id() if ray and ray.is_initialized() else None
+def install_drill(fault: str, worker_pid: int | None) -> None:
+    """A fault drill of spec.faults: "<point>:<n>" SIGKILLs the run's own process there;
+    "worker:<point>:<n>" SIGKILLs the worker process that started the run (which takes the
+    run's process down with it, device_sim/fleetproc.py)."""
+    if fault.startswith(WORKER_DRILL):
+        if worker_pid is None:
+            raise ValueError(f"fault {fault!r} kills the run's worker; this run has none")
+        install_hook(kill_at(fault[len(WORKER_DRILL):], pid=worker_pid, then_wait_s=60))
+    else:
+        install_hook(kill_at(fault))
 
 
 def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int | None,
-             declared_memory_bytes: int) -> dict:
-    """Personalise `user` on `device` here; write and return the record."""
+             declared_memory_bytes: int, ray_node: str | None = None,
+             worker_pid: int | None = None) -> dict:
+    """Personalise `user` on `device` in this process; write and return the record. ray_node
+    and worker_pid: the Ray node and worker process that started this one, if any."""
     done = result_path(out, user, device)
     if done.is_file():
         return json.loads(done.read_text())
     run = run_dir(out, user, device)
     fault = spec.faults.get(f"{user}@{device}")
     if fault and not (run / ATTEMPTS).exists():  # a drill: kill the first attempt only
-        install_hook(kill_at(fault))
+        install_drill(fault, worker_pid)
     run.mkdir(parents=True, exist_ok=True)
     with open(run / ATTEMPTS, "a") as f:
         f.write(f"{os.getpid()}\n")
@@ -96,7 +113,8 @@ def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int
     rec = {"user": user, "kind": "synthetic" if is_synthetic(user) else "real",
            "device": device, "budget_bytes": budget, "micro_batch": micro_batch,
            "declared_memory_bytes": declared_memory_bytes, "pid": os.getpid(),
-           "node": socket.gethostname(), "ray_node": _ray_node(), "started_at": time.time(),
+           "node": socket.gethostname(), "ray_node": ray_node,
+           "worker_pid": worker_pid, "started_at": time.time(),
            "status": "trained",
            "error": None, "optimizer_steps": None, "accuracy_before": None,
            "accuracy_after": None, "test_correct_before": None, "test_correct_after": None,

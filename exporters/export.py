@@ -175,7 +175,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
-    relu_grads = rewrite_training_model(out / FILES[names.TRAINING_MODEL])
+    gradient_rewrites = rewrite_training_model(out / FILES[names.TRAINING_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
@@ -226,7 +226,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         input=input_spec,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
         optimizer=optimizer, predicted=predicted,
-        provenance={**(provenance or {}), "gradient_rewrites": {"ReluGrad": relu_grads}},
+        provenance={**(provenance or {}), "gradient_rewrites": gradient_rewrites},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)

@@ -54,8 +54,10 @@ def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeyp
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     try:
-        killed = f"{SYNTHETIC_BASE}@watch-app-low"  # SIGKILLed at its 3rd optimizer step
-        spec = _spec(imu_artifact, {killed: "step:3"})
+        # at its 3rd optimizer step: user 1000's run process is SIGKILLed; user 1001's Ray
+        # worker is (its run process must die with it)
+        spec = _spec(imu_artifact, {f"{SYNTHETIC_BASE}@watch-app-low": "step:3",
+                                    f"{SYNTHETIC_BASE + 1}@watch-app-low": "worker:step:3"})
         run = run_fleet(spec, tmp_path / "storm", address=cluster.address)
     finally:
         ray.shutdown()
@@ -66,10 +68,13 @@ def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeyp
     assert sorted((r["user"], r["device"]) for r in recs) == sorted(spec.pairs())
     assert _outcomes(recs) == _outcomes(calm.records)
     by = {(r["user"], r["device"]): r for r in recs}
-    hit = by[(SYNTHETIC_BASE, "watch-app-low")]
-    assert hit["attempts"] == 2 and hit["resumed_from_step"] is not None
-    assert all(r["attempts"] == 1 for k, r in by.items() if k != (SYNTHETIC_BASE,
-                                                                    "watch-app-low"))
+    hits = [(u, "watch-app-low") for u in (SYNTHETIC_BASE, SYNTHETIC_BASE + 1)]
+    for k in hits:
+        assert by[k]["attempts"] == 2 and by[k]["resumed_from_step"] is not None
+        first = int((tmp_path / "storm" / "runs" / k[1] / f"u{k[0]}" / "attempts.txt")
+                    .read_text().split()[0])
+        assert first != by[k]["pid"] and not Path(f"/proc/{first}").exists()  # no orphan
+    assert all(r["attempts"] == 1 for k, r in by.items() if k not in hits)
     # a device too small is recorded once with its error, never retried
     for u in (10, SYNTHETIC_BASE, SYNTHETIC_BASE + 1):
         r = by[(u, "mcu-256kb")]
@@ -77,6 +82,7 @@ def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeyp
     # one capped runtime per process; no run over its budget; both nodes used
     pids = [r["pid"] for r in recs]
     assert len(set(pids)) == len(pids)
+    assert not {r["worker_pid"] for r in recs} & set(pids)  # no runtime in a Ray worker
     trained = [r for r in recs if r["status"] == "trained"]
     assert len(trained) == 3
     assert all(0 < r["measured_peak_bytes"] <= r["budget_bytes"] for r in trained)
@@ -137,6 +143,8 @@ def test_synthetic_users_are_seeded_and_physical():
       "personalise": {"epoch": 2}}, "unknown personalise"),
     ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1}, "extra": 1},
      "unknown fleet spec keys"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "faults": {"10@mcu-2mb": "worker:nowhere:1"}}, "names no fault point"),
 ])
 def test_bad_specs_say_what_and_how_to_fix(doc, message):
     with pytest.raises(SpecError, match=message):

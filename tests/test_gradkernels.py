@@ -1,11 +1,15 @@
-"""The ReluGrad rewrite computes ReluGrad's values, and leaves nodes it cannot prove alone."""
+"""The gradient rewrites compute the values of ORT's kernels they replace (ReluGrad, a
+depthwise ConvGrad), leave the nodes they cannot prove alone, and inside an exported artifact
+give torch's gradients."""
 from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
-from exporters.gradkernels import rewrite_relu_grads
+from conftest import device_python
+from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
 
 SHAPE = [2, 3, 5, 5]
 
@@ -32,7 +36,7 @@ def test_rewrite_matches_relu_grad():
     before = _run(_model("y"), feed)
     m = _model("y")
     assert rewrite_relu_grads(m) == 1
-    assert [n.op_type for n in m.graph.node] == ["Relu", "Sign", "Mul"]
+    assert [n.op_type for n in m.graph.node] == ["Relu", "Greater", "Cast", "Mul"]
     after = _run(m, feed)
     np.testing.assert_array_equal(after, before)
     np.testing.assert_array_equal(after, np.where(x > 0, feed["dy"], 0))
@@ -42,3 +46,82 @@ def test_relu_grad_of_a_non_relu_tensor_is_left_alone():
     m = _model("x")  # the second input is not a Relu's output: Sign(x) could be -1
     assert rewrite_relu_grads(m) == 0
     assert [n.op_type for n in m.graph.node] == ["Relu", "ReluGrad"]
+
+
+def _conv_grad_model(c: int, x_shape, group: int, stride: int, pads, kernel):
+    rank = len(kernel)
+    y_side = [(s + pads[i] + pads[i + rank] - k) // stride + 1
+              for i, (s, k) in enumerate(zip(x_shape[2:], kernel))]
+    shapes = {"dy": [x_shape[0], c, *y_side], "x": list(x_shape),
+              "w": [c, x_shape[1] // group, *kernel]}
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()]
+    outs = [helper.make_tensor_value_info("dx", TensorProto.FLOAT, shapes["x"]),
+            helper.make_tensor_value_info("dw", TensorProto.FLOAT, shapes["w"])]
+    node = helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw"], domain="com.microsoft",
+                            group=group, kernel_shape=list(kernel), pads=list(pads),
+                            strides=[stride] * rank, dilations=[1] * rank)
+    m = helper.make_model(helper.make_graph([node], "g", io, outs), opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    rng = np.random.default_rng(1)
+    return m, {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+
+
+def _run_all(model, feed):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feed)
+
+
+@pytest.mark.parametrize("x_shape, kernel, pads", [
+    ((2, 5, 7, 6), (3, 3), (1, 1, 1, 1)),  # MobileNet's 3x3, same padding
+    ((1, 4, 9, 9), (5, 3), (2, 0, 1, 2)),  # uneven kernel and padding
+    ((3, 6, 20), (5,), (2, 2)),  # a 1-D depthwise convolution over a sensor window
+])
+def test_depthwise_conv_grad_rewrite_matches_conv_grad(x_shape, kernel, pads):
+    c = x_shape[1]
+    m, feed = _conv_grad_model(c, x_shape, c, 1, pads, kernel)
+    before = _run_all(m, feed)
+    assert rewrite_depthwise_conv_grads(m) == 1
+    assert [n.op_type for n in m.graph.node] == ["ConvGrad", "Slice", "Conv"]
+    assert list(m.graph.node[0].output) == ["", "dw"]  # the weight gradient alone
+    after = _run_all(m, feed)
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group, stride", [(4, 2), (2, 1), (1, 1)])
+def test_strided_or_not_depthwise_conv_grads_are_left_alone(group, stride):
+    m, _ = _conv_grad_model(4, (1, 4, 8, 8), group, stride, (1, 1, 1, 1), (3, 3))
+    assert rewrite_depthwise_conv_grads(m) == 0
+    assert [n.op_type for n in m.graph.node] == ["ConvGrad"]
+
+
+def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):
+    import torch
+    from torch import nn
+
+    from exporters.export import export_artifact
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(6, 6, 3, padding=1, groups=6), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+    m = export_artifact(model, torch.zeros(2, 3, 8, 8), tmp_path / "art",
+                        classes=["a", "b", "c"], model_name="dw")
+    assert m.provenance["gradient_rewrites"] == {"ReluGrad": 2, "ConvGrad": 1}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m.plan.micro_batch, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, m.plan.micro_batch)
+    np.savez(tmp_path / "b.npz", x=x, y=y)
+    torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    out = device_python(f"""
+import json, numpy as np
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(tmp_path / 'art')!r})
+z = np.load({str(tmp_path / 'b.npz')!r})
+rt.train_micro_batch(z['x'], z['y'])
+print(json.dumps({{t.name: rt.state.parameters[t.name].grad.tolist()
+                  for t in rt.manifest.trainable}}))
+""")
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(np.array(out[name]), p.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)

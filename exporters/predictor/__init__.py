@@ -44,7 +44,7 @@ MODELLED_OPS = frozenset({
     "Cast", "Clip", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear", "Div", "Dropout",
     "DropoutGrad",
     "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
-    "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "GreaterOrEqual", "Identity",
+    "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual",
     "MatMul", "MaxPool", "MaxPoolGrad", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",

@@ -17,8 +17,9 @@ from edgetrain import names
 
 # Ops whose outputs ONNX shape inference leaves unsized (gradient helpers included) and that
 # we size by broadcasting their inputs.
+COMPARE_OPS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}  # bool outputs
 SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
-                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign"}
+                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign"} | COMPARE_OPS
 ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
 ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
 
@@ -80,7 +81,9 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
                 out[o] = out[names.grad_of(o)]
             elif n.op_type in SHAPE_FILL_OPS and all(x in out for x in n.input if x):
                 shapes = [out[x][0] for x in n.input if x]
-                out[o] = (tuple(np.broadcast_shapes(*shapes)), out[n.input[0]][1])
+                item = (1 if n.op_type in COMPARE_OPS else ITEMSIZE.get(_attr(n, "to"), 4)
+                        if n.op_type == "Cast" else out[n.input[0]][1])
+                out[o] = (tuple(np.broadcast_shapes(*shapes)), item)
             elif n.op_type == "Unsqueeze" and n.input[0] in out and n.input[1] in consts:
                 shape = list(out[n.input[0]][0])
                 for a in sorted(int(a) for a in consts[n.input[1]]):
@@ -112,6 +115,11 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
 
 
 _PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
+
+
+def _attr(node, name: str, default=None):
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name),
+                default)
 
 
 def _fused_matmul(node, a, b) -> tuple[int, ...] | None:

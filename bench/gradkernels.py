@@ -1,0 +1,104 @@
+"""The gradient rewrites of exporters/gradkernels.py, node by node: ORT's own gradient kernel
+against the rewrite, on the tensor shapes of MobileNetV1 at 224 x 224 (C5's network).
+
+    .venv/bin/python bench/gradkernels.py      # ~1 min on 2 cores
+
+Each case is a one-node graph (ReluGrad, or a depthwise ConvGrad) run in an InferenceSession
+with 2 intra-op threads, then the same graph after the rewrite; the median of 60 runs after 5
+warm-ups, and the largest difference between the two outputs. Results:
+bench/results/gradkernels.json; table in docs/results.md (marker `gradkernels`).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from common import ROOT, replace_table, save_results
+from edgetrain.ort_device import onnxruntime
+from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
+
+DOC = ROOT / "docs" / "results.md"
+THREADS, RUNS, WARMUP = 2, 60, 5
+# MobileNetV1's depthwise layers at 224 x 224: (channels, input side, stride)
+DEPTHWISE = [(32, 112, 1), (64, 112, 2), (128, 56, 1), (128, 56, 2), (256, 28, 1),
+             (512, 14, 1), (1024, 7, 1)]
+RELU = [(32, 112), (64, 112), (128, 56), (512, 14)]
+
+
+def _model(nodes, inputs: dict, outputs: dict):
+    def vi(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+    graph = helper.make_graph(nodes, "g", [vi(k, v) for k, v in inputs.items()],
+                              [vi(k, v) for k, v in outputs.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def _time(model, feed: dict) -> tuple[float, list]:
+    ort = onnxruntime()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.log_severity_level = 3
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    for _ in range(WARMUP):
+        out = s.run(None, feed)
+    times = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        out = s.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def _case(label: str, make, rewrite, feed: dict) -> dict:
+    before_s, before = _time(make(), feed)
+    m = make()
+    replaced = rewrite(m)
+    after_s, after = _time(m, feed)
+    row = {"case": label, "ort_s": before_s, "rewritten_s": after_s, "replaced": replaced,
+           "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(before, after))}
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for c, side in RELU:
+        shape = (1, c, side, side)
+        feed = {"dy": rng.standard_normal(shape, np.float32),
+                "x": rng.standard_normal(shape, np.float32)}
+        rows.append(_case(f"ReluGrad {c}x{side}x{side}", lambda shape=shape: _model(
+            [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("ReluGrad", ["dy", "y"], ["dx"], domain="com.microsoft")],
+            {"dy": shape, "x": shape}, {"dx": shape}), rewrite_relu_grads, feed))
+    for c, side, stride in DEPTHWISE:
+        x, y, w = (1, c, side, side), (1, c, side // stride, side // stride), (c, 1, 3, 3)
+        feed = {"dy": rng.standard_normal(y, np.float32), "x": rng.standard_normal(x, np.float32),
+                "w": rng.standard_normal(w, np.float32)}
+        rows.append(_case(f"depthwise ConvGrad {c}x{side}x{side}, stride {stride}",
+                          lambda x=x, y=y, w=w, stride=stride: _model(
+                              [helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw"],
+                                                domain="com.microsoft", group=w[0],
+                                                kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                                strides=[stride, stride], dilations=[1, 1])],
+                              {"dy": y, "x": x, "w": w}, {"dx": x, "dw": w}),
+                          rewrite_depthwise_conv_grads, feed))
+    save_results("gradkernels", rows)
+    lines = ["| node (MobileNetV1 at 224) | ORT's kernel | rewritten | speed-up | largest "
+             "difference |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["replaced"]:
+            lines.append(f"| {r['case']} | {r['ort_s'] * 1e3:.2f} ms | "
+                         f"{r['rewritten_s'] * 1e3:.2f} ms | {r['ort_s'] / r['rewritten_s']:.1f}× "
+                         f"| {r['max_abs_diff']:.1e} |")
+        else:
+            lines.append(f"| {r['case']} | {r['ort_s'] * 1e3:.2f} ms | not rewritten | | |")
+    replace_table(DOC, lines, "gradkernels")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Imported once by each fleet worker's fork server (device_sim/fleetproc.py): every run forked
+from it starts with numpy, ONNX Runtime's training API (imported torch-free, as the CLI does)
+and edgetrain loaded, and the built-in recordings read. Nothing here opens a session, an
+allocator or a checkpoint: the server holds no runtime, each child makes its own."""
+from device_sim import fleettask
+from edgetrain.ort_device import training_api
+
+training_api()
+fleettask.recordings()

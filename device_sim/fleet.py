@@ -11,7 +11,7 @@ The fleet folder `out`:
   results/<device>/u<user>.json   one record per user x device, written atomically
   fleet.json                 every record, merged (device_sim/fleetreport.py reads it)
 Each task declares the CPUs it runs (the spec's threads) and the memory it will hold (the
-device's budget plus PROCESS_BASE_BYTES, the worker process's own RSS), so Ray never
+device's budget plus PROCESS_BASE_BYTES, the run process's own RSS), so Ray never
 overcommits a node. A Ray worker runs many tasks but never a runtime: each run is a process
 of its own, forked from the worker's fork server (device_sim/fleetproc.py). A run whose
 process or worker dies is retried (max_retries) and continues from its resume point; a run
@@ -36,9 +36,9 @@ from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.manifest import load_manifest
 
 MiB = 1 << 20
-# A Ray worker's own resident memory before the runtime allocates (Python, numpy, onnxruntime,
-# Ray's worker; measured: every record's peak_rss_bytes minus its budget stays below this,
-# and the report flags any that does not).
+# A run process's own resident memory before the runtime allocates (Python, numpy, ONNX
+# Runtime, the recordings, shared with its fork server: about 90 MiB measured); every record's
+# peak_rss_bytes minus its budget stays below this, and the report flags any that does not.
 PROCESS_BASE_BYTES = 512 * MiB
 SPEC_FILE, MERGED_FILE, PLANS = "fleet-spec.json", "fleet.json", "plans"
 IN_FLIGHT_PER_CPU = 4

@@ -29,16 +29,22 @@ class FitResult:
 
 
 def largest_predicted(predict_peak: Callable[[int], int | None], budget_bytes: int) -> int:
-    """Largest batch b with predict_peak(b) <= budget (predicted peaks grow with the batch)."""
-    if predict_peak(1) > budget_bytes:
+    """Largest batch b with predict_peak(b) <= budget (predicted peaks grow with the batch). A
+    batch the predictor cannot size (None) counts as not fitting: the search ends below it,
+    and the capped runs of largest_batch go on from there."""
+    def fits(b: int) -> bool:
+        p = predict_peak(b)
+        return p is not None and p <= budget_bytes
+
+    if not fits(1):
         return 0
     lo, hi = 1, 2
-    while hi <= MAX_BATCH and predict_peak(hi) <= budget_bytes:
+    while hi <= MAX_BATCH and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, MAX_BATCH + 1)
-    while hi - lo > 1:  # predict_peak(lo) fits, predict_peak(hi) does not (or hi is the cap)
+    while hi - lo > 1:  # lo is predicted to fit; hi is not (or cannot be sized, or is the cap)
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if predict_peak(mid) <= budget_bytes else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 

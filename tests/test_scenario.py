@@ -55,6 +55,8 @@ def test_nothing_fits():
 def test_largest_predicted_binary_search():
     assert largest_predicted(lambda b: 7 * b, 7 * 37) == 37
     assert largest_predicted(lambda b: 7 * b, 6) == 0
+    # a batch the predictor cannot size ends the search below it (capped runs go on)
+    assert largest_predicted(lambda b: 7 * b if b < 16 else None, 7 * 37) == 15
     with pytest.raises(ValueError):
         largest_batch(lambda b: b, lambda b: None, 0)
 

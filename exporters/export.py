@@ -175,7 +175,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
-    gradient_rewrites = rewrite_training_model(out / FILES[names.TRAINING_MODEL])
+    gradient_rewrites = rewrite_training_model(out / FILES[names.TRAINING_MODEL],
+                                               plan.micro_batch, plan.threads)
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)

@@ -10,6 +10,15 @@ micro-batch copied into them, `Module.__call__` with the OrtValues
 for two artifacts exported untrained: imu_cnn training its head (C8's network, a
 sub-millisecond call) and MobileNetV1 at micro-batch 1 (C5's configuration). Results:
 bench/results/feed_paths.json; table in docs/results.md (marker `feed-paths`).
+
+Then the patch MobileNet's inputs (issue 21's "cache per-user derived inputs"): C6's
+configuration makes each of a step's 1,568 one-patch micro-batches on demand, a 32x32 GASF
+patch from the 64 time points it spans, in the epoch's shuffled order (edgetrain/shuffle.py,
+as edgetrain/trainloop.py draws it), so a window's signals are rarely reused between calls.
+Timed in a torch-free process on held-out user 10's windows: one step's inputs as the
+runtime makes them, and the bytes a cache of every patch of the user's windows would hold,
+beside C6's step time from bench/results/eager_race.json and the watch budgets. Table in
+docs/results.md (marker `patch-inputs`).
 """
 from __future__ import annotations
 
@@ -68,9 +77,69 @@ print(json.dumps(out))
 """
 
 
+PATCH_CHILD = """
+import json, sys, time
+import numpy as np
+from edgetrain.data import leave_one_subject_out, load_recordings
+from edgetrain.feed import Feed
+from edgetrain.manifest import load_manifest
+from edgetrain.shuffle import Shuffle
+art, items, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+m = load_manifest(art)
+x, y = leave_one_subject_out(load_recordings(), 10).personalise
+feed = Feed(x, y, m)
+order = Shuffle(len(feed), 12345)
+times = []
+for r in range(rounds):
+    idx = order(np.arange(r * items, (r + 1) * items) % len(feed))
+    t0 = time.perf_counter()
+    for i in idx:
+        feed.inputs(np.array([i]))
+    times.append(time.perf_counter() - t0)
+item_bytes = int(np.prod(m.input.sample_shape)) * 4
+print(json.dumps({"step_inputs_s": times, "items_per_window": feed.per_sample,
+                  "windows": feed.num_samples, "item_bytes": item_bytes,
+                  "cache_bytes": len(feed) * item_bytes}))
+"""
+PATCH_ITEMS = 32 * 49  # C6's step: 32 windows x 49 patches, one patch a micro-batch
+BUDGETS = {"watchos-extension": 15 * 2**20, "watch-app-low": 64 * 2**20}
+
+
+def patch_inputs(tmp: Path) -> dict:
+    art = tmp / "patch"
+    run("export", "--model", "patch_mobilenet", "--width", "1.0", "--density", "0.1",
+        "--recompute", "sqrt", "--micro-batch", "1", "--epochs", "0", "--out", str(art),
+        "--json")
+    p = subprocess.run([sys.executable, "-c", PATCH_CHILD, str(art), str(PATCH_ITEMS),
+                        str(BLOCKS)], capture_output=True, text=True, check=True, cwd=ROOT)
+    t = json.loads(p.stdout.strip().splitlines()[-1])
+    race = json.loads((ROOT / "bench" / "results" / "eager_race.json").read_text())
+    c6 = next(r for r in race if r["config"] == "C6")
+    return {**t, "step_inputs_median_s": statistics.median(t["step_inputs_s"]),
+            "c6_step_s": c6["edgetrain_median_s"]}
+
+
+def patch_table(r: dict) -> list[str]:
+    share = r["step_inputs_median_s"] / r["c6_step_s"]
+    lines = ["| measurement | value |", "|---|---:|",
+             f"| one step's inputs, made on demand ({PATCH_ITEMS:,} patches, shuffled; median "
+             f"of {len(r['step_inputs_s'])}) | {r['step_inputs_median_s']:.3f} s |",
+             f"| C6's step (edgetrain, eager race) | {r['c6_step_s']:.3f} s |",
+             f"| inputs' share of the step | {share:.1%} |",
+             f"| a cache of every patch of user 10's {r['windows']} windows "
+             f"({r['items_per_window']} x {r['item_bytes']:,} bytes each) | "
+             f"{r['cache_bytes']:,} bytes |"]
+    for device, budget in BUDGETS.items():
+        lines.append(f"| … against `{device}`'s budget ({budget:,} bytes) | "
+                     f"{r['cache_bytes'] / budget:.1f}× |")
+    return lines
+
+
 def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        patch = patch_inputs(Path(tmp))
+        print(json.dumps({k: v for k, v in patch.items()}), flush=True)
         for label, args, mb, n in CASES:
             art = Path(tmp) / f"a{len(rows)}"
             run("export", *args, "--epochs", "0", "--out", str(art), "--json")
@@ -82,7 +151,8 @@ def main() -> None:
                    "bound_call_s": statistics.median(t["bound"]), "blocks": t}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    save_results("feed_paths", rows)
+    save_results("feed_paths", {"bound_inputs": rows, "patch_inputs": patch})
+    replace_table(DOC, patch_table(patch), "patch-inputs")
     lines = ["| artifact | numpy inputs, a call | bound OrtValues, a call | saved |",
              "|---|---:|---:|---:|"]
     for r in rows:

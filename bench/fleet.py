@@ -207,8 +207,9 @@ def main() -> None:
                 r[key] = fn()
                 save_results("fleet", r)
                 print(key, json.dumps(r[key])[:400], flush=True)
-        for pic in r["fleet_1000"]["plots"]:
-            shutil.copy(pic, ROOT / "docs" / "img" / f"fleet-{Path(pic).name}")
+                if key == "fleet_1000":  # its pictures, from the run just made (the saved
+                    for pic in r[key]["plots"]:  # paths are this machine's)
+                        shutil.copy(pic, ROOT / "docs" / "img" / f"fleet-{Path(pic).name}")
     report(r)
 
 

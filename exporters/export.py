@@ -175,8 +175,6 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
-    gradient_rewrites = rewrite_training_model(out / FILES[names.TRAINING_MODEL],
-                                               plan.micro_batch, plan.threads)
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)
@@ -184,6 +182,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     def predicted_peak() -> int | None:
         p = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES, plan.threads)
         return p.peak_bytes if p.complete else None
+
+    gradient_rewrites = rewrite_training_model(out / FILES[names.TRAINING_MODEL],
+                                               plan.micro_batch, plan.threads, predicted_peak)
 
     if recompute == "budget":
         first = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,

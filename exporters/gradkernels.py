@@ -23,8 +23,11 @@ standard operators that compute the same values with ORT's vectorised, threaded 
     Slice with step -1 (C x kernel floats). The Conv takes MLAS's working buffer, 64 KiB per
     thread, while it runs (the memory predictor models it as any forward Conv's): on a small
     layer that can raise a tiny network's peak by a third (measured), so a ConvGrad is
-    rewritten only where that buffer, for the plan's threads, is at most 1/8 of the input
-    gradient at the plan's micro-batch. Strided, dilated or grouped-but-not-depthwise
+    rewritten only where that buffer, for the plan's threads, is small beside what the step
+    holds: at most 1/8 of the input gradient at the plan's micro-batch, or at most 1/100 of
+    the step's peak predicted before this rewrite (the Conv's buffer lives only while it
+    runs and the Convs run one at a time, so the peak rises by at most one buffer: 1%).
+    Strided, dilated or grouped-but-not-depthwise
     convolutions, and those whose shapes the graph does not state, are left as they are.
 
 MobileNetV1 a window at a time spent 15% of its kernel time in ReluGrad and 39% in ConvGrad
@@ -80,13 +83,16 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
 
 
 MLAS_CONV_BUFFER_BYTES_PER_THREAD = 16384 * 4  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
-BUFFER_SHARE = 8  # rewrite where the Conv's working buffer is at most 1/8 of dX
+BUFFER_SHARE = 8  # rewrite where the Conv's working buffer is at most 1/8 of dX...
+PEAK_SHARE = 100  # ...or at most 1/100 of the step's predicted peak
 
 
-def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int) -> list[int] | None:
+def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int,
+                       peak_bytes: int | None = None) -> list[int] | None:
     """The input-gradient Conv's pads if `node` is the ConvGrad of a depthwise convolution at
-    stride 1 and dilation 1 whose input gradient is used and large enough (BUFFER_SHARE) at
-    `micro_batch`, else None."""
+    stride 1 and dilation 1 whose input gradient is used, and the Conv's working buffer is
+    small beside its input gradient at `micro_batch` (BUFFER_SHARE) or beside the step's
+    predicted peak `peak_bytes` (PEAK_SHARE), else None."""
     if node.op_type != "ConvGrad" or not node.output or not node.output[0]:
         return None
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
@@ -106,18 +112,21 @@ def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int) -> li
         return None
     dx_bytes = micro_batch * int(np.prod(x[1:])) * 4
     buffer = max(1, threads) * MLAS_CONV_BUFFER_BYTES_PER_THREAD
-    return flipped if buffer * BUFFER_SHARE <= dx_bytes else None
+    small = buffer * BUFFER_SHARE <= dx_bytes or (
+        peak_bytes is not None and buffer * PEAK_SHARE <= peak_bytes)
+    return flipped if small else None
 
 
 def rewrite_depthwise_conv_grads(model: onnx.ModelProto, micro_batch: int = 1,
-                                 threads: int = 1) -> int:
-    """Split each stride-1 depthwise ConvGrad (large enough at `micro_batch` and `threads`,
-    see BUFFER_SHARE) into its weight gradient and a depthwise Conv of dY with the flipped
-    kernel for its input gradient, in place. Returns how many."""
+                                 threads: int = 1, peak_bytes: int | None = None) -> int:
+    """Split each stride-1 depthwise ConvGrad (where the Conv's working buffer is small at
+    `micro_batch` and `threads`, see BUFFER_SHARE and PEAK_SHARE) into its weight gradient
+    and a depthwise Conv of dY with the flipped kernel for its input gradient, in place.
+    Returns how many."""
     shapes = _static_shapes(model)
     nodes, replaced, consts = [], 0, {}
     for node in model.graph.node:
-        pads = _depthwise_stride1(node, shapes, micro_batch, threads)
+        pads = _depthwise_stride1(node, shapes, micro_batch, threads, peak_bytes)
         if pads is None:
             nodes.append(node)
             continue
@@ -148,13 +157,19 @@ def rewrite_depthwise_conv_grads(model: onnx.ModelProto, micro_batch: int = 1,
     return replaced
 
 
-def rewrite_training_model(path: Path, micro_batch: int, threads: int) -> dict[str, int]:
+def rewrite_training_model(path: Path, micro_batch: int, threads: int,
+                           predicted_peak=None) -> dict[str, int]:
     """Every rewrite of this module on the training graph file at `path` for a plan of
-    `micro_batch` and `threads`, saved back. Returns how many nodes each replaced, by the
-    replaced operator."""
+    `micro_batch` and `threads`, saved back. predicted_peak(): the step's predicted peak
+    bytes for the file as it stands (None: no claim), read after the ReluGrad rewrite to size
+    the depthwise rewrite's rule. Returns how many nodes each replaced, by the replaced
+    operator."""
     m = onnx.load(str(path))
-    counts = {"ReluGrad": rewrite_relu_grads(m),
-              "ConvGrad": rewrite_depthwise_conv_grads(m, micro_batch, threads)}
-    if any(counts.values()):
+    counts = {"ReluGrad": rewrite_relu_grads(m)}
+    if counts["ReluGrad"]:
+        onnx.save(m, str(path))
+    peak = predicted_peak() if predicted_peak is not None else None
+    counts["ConvGrad"] = rewrite_depthwise_conv_grads(m, micro_batch, threads, peak)
+    if counts["ConvGrad"]:
         onnx.save(m, str(path))
     return counts

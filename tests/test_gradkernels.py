@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import device_python
-from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
+from exporters.gradkernels import (MLAS_CONV_BUFFER_BYTES_PER_THREAD, PEAK_SHARE,
+                                   rewrite_depthwise_conv_grads, rewrite_relu_grads)
 
 SHAPE = [2, 3, 5, 5]
 
@@ -106,6 +107,16 @@ def test_the_size_rule_counts_the_plans_batch_and_threads():
     m, _ = _conv_grad_model(16, (1, 16, 32, 32), 16, 1, (1, 1, 1, 1), (3, 3))
     assert rewrite_depthwise_conv_grads(m, micro_batch=8, threads=2) == 0
     assert rewrite_depthwise_conv_grads(m, micro_batch=8, threads=1) == 1
+
+
+def test_the_peak_rule_rewrites_a_small_layer_of_a_large_step():
+    # 4 x 8 x 8 floats = 1 KiB of input gradient: far below 8 buffers, so only the step's
+    # peak can justify the 64 KiB buffer: 100 buffers' worth and more, not a byte less
+    m, _ = _conv_grad_model(4, (1, 4, 8, 8), 4, 1, (1, 1, 1, 1), (3, 3))
+    buffer = MLAS_CONV_BUFFER_BYTES_PER_THREAD
+    assert rewrite_depthwise_conv_grads(m, 1, 1, peak_bytes=PEAK_SHARE * buffer - 1) == 0
+    assert rewrite_depthwise_conv_grads(m, 1, 1, peak_bytes=None) == 0
+    assert rewrite_depthwise_conv_grads(m, 1, 1, peak_bytes=PEAK_SHARE * buffer) == 1
 
 
 def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):

@@ -27,10 +27,13 @@ def record_measured_peak(out, m):
 
 
 def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates,
-                       budget_bytes: int, quiet: bool):
+                       budget_bytes: int, quiet: bool, density: float = 1.0,
+                       extra_densities=()):
     """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
-    recompute plan was given; each extra update plan), keep the variant whose confirmed plan
-    measured fastest, write its plan there. The step stays the one the export describes."""
+    recompute plan was given; each extra update plan; each extra density), keep the variant
+    whose confirmed plan measured fastest, write its plan there, and record every variant's
+    outcome in provenance["plan_search"]["variants"]. The step stays the one the export
+    describes. build(folder, recompute, update, density) exports one twin."""
     import shutil
 
     from device_sim.planner import best_variant, plan, write_plan
@@ -39,13 +42,16 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     step = m.plan.micro_batch * m.plan.accumulation_steps
     recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
     updates = [update] + [u for u in extra_updates if u != update]
+    densities = [density] + [d for d in dict.fromkeys(extra_densities) if d != density]
     folders = {}
     try:
-        for i, (r, u) in enumerate((r, u) for u in updates for r in recomputes):
-            key = f"recompute {r}, update {u}"
+        for i, (r, u, d) in enumerate((r, u, d) for u in updates for d in densities
+                                      for r in recomputes):
+            key = f"recompute {r}, update {u}" + (f", density {d:g}" if len(densities) > 1
+                                                  else "")
             folders[key] = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
             if i:
-                build(folders[key], r, u)
+                build(folders[key], r, u, d)
         results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
         for k, res in results.items():
             c = res.chosen
@@ -62,6 +68,7 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
                               "plan it was given. Try a larger budget or --plan-update head",
                               budget_bytes, None)
         write_plan(folders[best], results[best])
+        record_variants(folders[best], best, results)
         if folders[best] != out:
             shutil.rmtree(out)
             folders[best].rename(out)
@@ -70,6 +77,26 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
             if f != out and f.exists():
                 shutil.rmtree(f)
     return load_manifest(out)
+
+
+def record_variants(folder, best: str, results) -> None:
+    """Each variant's outcome beside the chosen plan: its confirmed plan (micro-batch x
+    accumulation, measured step time and peak) or why it had none."""
+    import dataclasses
+
+    from edgetrain.manifest import load_manifest
+
+    variants = {}
+    for key, res in results.items():
+        c = res.chosen
+        variants[key] = ({"micro_batch": c.micro_batch,
+                          "accumulation_steps": c.accumulation_steps,
+                          "measured_step_time_s": c.measured_step_time_s,
+                          "measured_peak_bytes": c.measured_peak_bytes} if c
+                         else {"reason": res.reason})
+    m = load_manifest(folder)
+    search = {**m.provenance["plan_search"], "variant": best, "variants": variants}
+    dataclasses.replace(m, provenance={**m.provenance, "plan_search": search}).write(folder)
 
 
 @click.command(options_metavar="--model NAME --out DIR [OPTIONS]")
@@ -126,10 +153,15 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
 @click.option("--plan-update", "plan_updates", multiple=True, metavar="PLAN",
               help="With --plan auto: an update plan it may choose as well (repeatable, e.g. "
                    "--plan-update head). It changes what trains, so check its accuracy.")
+@click.option("--plan-density", "plan_densities", multiple=True, metavar="D",
+              type=click.FloatRange(0, 1, min_open=True),
+              help="With --plan auto: a kept fraction of weights it may choose as well "
+                   "(repeatable, e.g. --plan-density 0.1). Each is pretrained (cached) and "
+                   "exported like --density; it changes the model, so check its accuracy.")
 @json_option
 def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
-           update, int8_frozen, plan_mode, plan_updates, as_json):
+           update, int8_frozen, plan_mode, plan_updates, plan_densities, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     from pathlib import Path
 
@@ -152,25 +184,25 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                              epochs=epochs, also_held_out=subjects(also_holdout))
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
 
-        def build(folder, recompute_plan, update_plan):
+        def build(folder, recompute_plan, update_plan, kept=density):
             m = export_named(cfg, folder, plan, lr=lr,
                              cache_dir=None if no_cache else Path(".cache/pretrain"),
                              show_progress=not as_json, recompute=recompute_plan,
                              recompute_budget_bytes=budget_bytes
                              if recompute_plan == "budget" else None,
                              update=update_plan, update_budget_bytes=budget_bytes,
-                             int8_frozen=int8_frozen, density=density,
+                             int8_frozen=int8_frozen, density=kept,
                              mask_allocation=mask_allocation, mask_init=mask_init)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)
             return m
 
-        if plan_updates and plan_mode != "auto":
-            raise click.UsageError("--plan-update is for --plan auto")
+        if (plan_updates or plan_densities) and plan_mode != "auto":
+            raise click.UsageError("--plan-update and --plan-density are for --plan auto")
         m = build(out, recompute, update)
         if plan_mode == "auto":
             m = plan_over_variants(Path(out), m, build, recompute, update, plan_updates,
-                                   budget_bytes, as_json)
+                                   budget_bytes, as_json, density, plan_densities)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return

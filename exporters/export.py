@@ -19,6 +19,7 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from exporters.convbn import fold_conv_batchnorms
 from exporters.gradkernels import rewrite_training_model
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
@@ -163,6 +164,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         frozen = [n for n in frozen if n not in int8] + [t for pair in int8.values() for t in pair]
         plan = dataclasses.replace(plan, frozen_int8=tuple(int8))
 
+    folded = fold_conv_batchnorms(fwd, plan.micro_batch)
     log: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as tmp, native_stderr_captured(log):
@@ -228,7 +230,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         input=input_spec,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
         optimizer=optimizer, predicted=predicted,
-        provenance={**(provenance or {}), "gradient_rewrites": gradient_rewrites},
+        provenance={**(provenance or {}), "gradient_rewrites": gradient_rewrites,
+                    "folded_conv_batchnorms": folded},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)

@@ -101,7 +101,9 @@ def report() -> None:
             mark = " (chosen)" if c["update"] == s["chosen"] else ""
             gain = f"{c['gain_points']:+.1f}" if c["gain_points"] is not None else "-"
             search_lines.append(f"| {device} | `{c['update']}`{mark} | {c['trainable_bytes']:,} | "
-                                f"{c['predicted_peak_bytes']:,} | {'yes' if c['fits'] else 'no'} "
+                                + (f"{c['predicted_peak_bytes']:,}" if c["predicted_peak_bytes"]
+                                   else "no claim")
+                                + f" | {'yes' if c['fits'] else 'no'} "
                                 f"| {gain} |")
         search_lines.append(f"| {device} | measured peak of the choice | | "
                             f"{s['measured_peak_bytes']:,} | | |")

@@ -164,7 +164,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         frozen = [n for n in frozen if n not in int8] + [t for pair in int8.values() for t in pair]
         plan = dataclasses.replace(plan, frozen_int8=tuple(int8))
 
-    folded = fold_conv_batchnorms(fwd, plan.micro_batch)
+    folded = fold_conv_batchnorms(fwd, plan.micro_batch, set(trainable))
     log: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as tmp, native_stderr_captured(log):

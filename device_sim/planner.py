@@ -81,7 +81,7 @@ def sizes(effective_batch: int, limit: int = MAX_CANDIDATES) -> list[int]:
     return sorted({ordered[round(i * step)] for i in range(limit)})
 
 
-DENSE_OPS = {"Conv", "FusedConv", "ConvGrad", "Gemm", "MatMul", "FusedMatMul"}
+DENSE_OPS = {"Conv", "ConvGrad", "Gemm", "MatMul", "FusedMatMul"}
 
 
 def node_time_s(op: str, group: int, flops: int, nbytes: int, speed: HostSpeed) -> float:
@@ -101,7 +101,7 @@ def predicted_time_s(training_model: str | onnx.ModelProto, m: int, accumulation
     model = training_model if isinstance(training_model, onnx.ModelProto) else \
         load_graph(training_model)
     groups = {n.name: int(attributes(n).get("group", 1)) for n in model.graph.node
-              if n.op_type in ("Conv", "FusedConv", "ConvGrad")}
+              if n.op_type in ("Conv", "ConvGrad")}
     per_call = sum(node_time_s(op, groups.get(name, 1), f, b, speed)
                    for name, op, f, b in node_costs(model, m))
     adamw = max(ADAMW_FLOPS_PER_VALUE * trained_values / speed.compute_flops_per_s,

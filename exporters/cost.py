@@ -14,8 +14,7 @@ import numpy as np
 import onnx
 
 from edgetrain import names
-from exporters.graph import (CONV_OPS, attributes, drop_identities, forward_conv_outputs,
-                            load_graph)
+from exporters.graph import attributes, drop_identities, forward_conv_outputs, load_graph
 from exporters.predictor.shapes import runtime_shapes
 
 ADAMW_FLOPS_PER_VALUE = 12
@@ -71,7 +70,7 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
         nbytes = sum(_numel(s) * item for s, item in known)
         attrs = attributes(n)
         group = int(attrs.get("group", 1))
-        if n.op_type in CONV_OPS and n.output[0] in shapes:
+        if n.op_type == "Conv" and n.output[0] in shapes:
             flops = _conv_flops(shapes[n.input[0]][0], shapes[n.input[1]][0],
                                 shapes[n.output[0]][0], group)
         elif n.op_type == "ConvGrad" and _conv_grad_y(n, conv_out, shapes) is not None:

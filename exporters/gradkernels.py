@@ -41,8 +41,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from exporters.convrelu import fuse_conv_relu
-
 REWRITTEN_SUFFIX = "_fastgrad"
 
 
@@ -162,13 +160,13 @@ def rewrite_depthwise_conv_grads(model: onnx.ModelProto, micro_batch: int = 1,
 def rewrite_training_model(path: Path, micro_batch: int, threads: int,
                            predicted_peak=None) -> dict[str, int]:
     """Every rewrite of this module on the training graph file at `path` for a plan of
-    `micro_batch` and `threads`, and the Conv + Relu fusion (exporters/convrelu.py), saved back. predicted_peak(): the step's predicted peak
+    `micro_batch` and `threads`, saved back. predicted_peak(): the step's predicted peak
     bytes for the file as it stands (None: no claim), read after the ReluGrad rewrite to size
     the depthwise rewrite's rule. Returns how many nodes each replaced, by the replaced
     operator."""
     m = onnx.load(str(path))
-    counts = {"ReluGrad": rewrite_relu_grads(m), "Conv+Relu": fuse_conv_relu(m)}
-    if counts["ReluGrad"] or counts["Conv+Relu"]:
+    counts = {"ReluGrad": rewrite_relu_grads(m)}
+    if counts["ReluGrad"]:
         onnx.save(m, str(path))
     peak = predicted_peak() if predicted_peak is not None else None
     counts["ConvGrad"] = rewrite_depthwise_conv_grads(m, micro_batch, threads, peak)

@@ -89,3 +89,14 @@ print(json.dumps({{'loss': loss, 'grads': {{t.name: rt.state.parameters[t.name].
     for name, p in params.items():  # the folded layers' weights, scales and shifts included
         g = p.grad.numpy()
         assert np.abs(np.array(out["grads"][name]) - g).max() <= 1e-6 + 1e-4 * np.abs(g).max(), name
+
+
+def test_a_frozen_weight_keeps_its_batchnorm_pair(tmp_path):
+    """Under `head` (the convolutions frozen) nothing folds: folded, ORT would hold a scaled
+    copy of each frozen weight as a constant; under `bias` the scale's gradient would need
+    the convolution's weight gradient."""
+    for update in ("head", "bias"):
+        m = export_artifact(_with_stats(_net()), torch.zeros(2, 3, 8, 8), tmp_path / update,
+                            classes=["a", "b", "c"], model_name="convbn",
+                            plan=Plan(micro_batch=4), freeze_batchnorm=True, update=update)
+        assert m.provenance["folded_conv_batchnorms"] == 0, update

@@ -35,6 +35,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from exporters.graph import stated_shapes
+
 FOLDED_SUFFIX = "_bnfold"
 WEIGHT_SHARE = 1.0  # fold where weight elements <= this x the conv output's elements
 
@@ -45,16 +47,6 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
     return out
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, list]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
-    shapes = {i.name: list(i.dims) for i in g.initializer}
-    for v in [*g.input, *g.value_info, *g.output]:
-        shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
-                          for d in v.type.tensor_type.shape.dim]
-    return shapes
 
 
 def _channel_vector(name: str, producer: dict, consts: dict, rank: int) -> str | None:
@@ -92,7 +84,7 @@ def fold_conv_batchnorms(model: onnx.ModelProto, micro_batch: int,
     if trainable is None:
         trainable = {i.name for i in graph.initializer}
     consts = _constants(graph)
-    shapes = _shapes(model)
+    shapes = stated_shapes(onnx.shape_inference.infer_shapes(model))
     producer = {o: n for n in graph.node for o in n.output if o}
     readers: dict[str, list] = {}
     for n in graph.node:

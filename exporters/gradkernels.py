@@ -41,6 +41,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from exporters.graph import stated_shapes
+
 REWRITTEN_SUFFIX = "_fastgrad"
 
 
@@ -71,15 +73,6 @@ def rewrite_relu_grads(model: onnx.ModelProto) -> int:
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     return replaced
-
-
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
-    graph = model.graph
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
-    for v in [*graph.input, *graph.value_info, *graph.output]:
-        shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
-                          for d in v.type.tensor_type.shape.dim]
-    return shapes
 
 
 MLAS_CONV_BUFFER_BYTES_PER_THREAD = 16384 * 4  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
@@ -123,7 +116,7 @@ def rewrite_depthwise_conv_grads(model: onnx.ModelProto, micro_batch: int = 1,
     `micro_batch` and `threads`, see BUFFER_SHARE and PEAK_SHARE) into its weight gradient
     and a depthwise Conv of dY with the flipped kernel for its input gradient, in place.
     Returns how many."""
-    shapes = _static_shapes(model)
+    shapes = stated_shapes(model)
     nodes, replaced, consts = [], 0, {}
     for node in model.graph.node:
         pads = _depthwise_stride1(node, shapes, micro_batch, threads, peak_bytes)

@@ -140,3 +140,14 @@ def declare_like(model: onnx.ModelProto, new_nodes: list, source_of) -> None:
                 v.name = o
                 g.value_info.append(v)
                 known[o] = v
+
+
+def stated_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Every tensor's shape the graph states (initializers, inputs, value_info, outputs);
+    a dimension without a fixed size is None."""
+    graph = model.graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                          for d in v.type.tensor_type.shape.dim]
+    return shapes

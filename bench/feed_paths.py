@@ -139,7 +139,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         patch = patch_inputs(Path(tmp))
-        print(json.dumps({k: v for k, v in patch.items()}), flush=True)
+        print(json.dumps(patch), flush=True)
         for label, args, mb, n in CASES:
             art = Path(tmp) / f"a{len(rows)}"
             run("export", *args, "--epochs", "0", "--out", str(art), "--json")

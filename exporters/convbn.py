@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from exporters.graph import stated_shapes
+from exporters.graph import ancestors, stated_shapes
 
 FOLDED_SUFFIX = "_bnfold"
 WEIGHT_SHARE = 1.0  # fold where weight elements <= this x the conv output's elements
@@ -61,18 +61,9 @@ def _channel_vector(name: str, producer: dict, consts: dict, rank: int) -> str |
     return node.input[0]
 
 
-def _reads_any(name: str, producer: dict, names: set[str]) -> bool:
+def _computed_from(name: str, nodes: list, names: set[str]) -> bool:
     """Whether the tensor `name` is, or is computed from, one of `names`."""
-    seen, todo = set(), [name]
-    while todo:
-        t = todo.pop()
-        if t in names:
-            return True
-        if t in seen or t not in producer:
-            continue
-        seen.add(t)
-        todo.extend(i for i in producer[t].input if i)
-    return False
+    return name in names or any(i in names for n in ancestors([name], nodes) for i in n.input)
 
 
 def fold_conv_batchnorms(model: onnx.ModelProto, micro_batch: int,
@@ -117,7 +108,7 @@ def fold_conv_batchnorms(model: onnx.ModelProto, micro_batch: int,
                                 producer, consts, len(out_shape))
         if shift is None or shapes.get(scale) != [w_shape[0]] or shapes.get(shift) != [w_shape[0]]:
             continue
-        if not _reads_any(w, producer, trainable):
+        if not _computed_from(w, list(graph.node), trainable):
             continue  # a frozen weight: keep the pair (see the module's docstring)
         base = (conv.name or y) + FOLDED_SUFFIX
         view = base + "/weight_view"

@@ -32,7 +32,7 @@ from exporters.recompute import plan_and_rewrite
 from exporters.rewrites import rewrite_for_training
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
 from exporters.quantize import quantize_frozen_weights
-from exporters.sparse import dense_reasons, sparsify
+from exporters.sparse import dense_reasons, int32_scatter_indices, sparsify
 from exporters import updateplans
 from exporters.updateplans import first_use
 
@@ -165,6 +165,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         plan = dataclasses.replace(plan, frozen_int8=tuple(int8))
 
     folded = fold_conv_batchnorms(fwd, plan.micro_batch, set(trainable))
+    index_casts = int32_scatter_indices(fwd)
     log: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as tmp, native_stderr_captured(log):
@@ -231,7 +232,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         classes=tuple(classes), trainable=trainable_specs, frozen=frozen_specs, plan=plan,
         optimizer=optimizer, predicted=predicted,
         provenance={**(provenance or {}), "gradient_rewrites": gradient_rewrites,
-                    "folded_conv_batchnorms": folded},
+                    "folded_conv_batchnorms": folded,
+                    "int32_scatter_indices": index_casts},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)

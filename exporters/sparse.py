@@ -22,6 +22,7 @@ import copy
 import math
 from typing import Callable
 
+import onnx
 import torch
 from torch import nn
 
@@ -204,3 +205,45 @@ def sparsify(model: nn.Module, density: float, allocation: str = "erk",
 def _spec_names(name: str, shape: tuple[int, ...], nnz: int) -> tuple:
     weight, values, positions = names.mask_tensor_names(name)
     return weight, shape, nnz, values, positions
+
+
+# ---- the exported graph ---------------------------------------------------------------------
+INDEX_READERS = {"ScatterElements": 1, "GatherElements": 1}  # op -> its indices input
+
+
+def int32_scatter_indices(model: onnx.ModelProto) -> int:
+    """Let the scatter read the int32 positions as they are stored: drop each Cast to int64
+    of a `<weight>_positions` graph input whose every reader takes it as the indices of a
+    ScatterElements or GatherElements (ONNX and ORT's CPU kernels take int32 indices too).
+    torch's scatter needs int64, so the export casts; the cast wrote 8 bytes per kept weight
+    on every call, and again wherever a recompute plan rebuilds the dense weight. Returns
+    how many casts were dropped; the values the scatter writes are the same."""
+    int32 = {i.name for i in model.graph.input
+             if i.name.endswith(names.MASK_POSITIONS_SUFFIX)
+             and i.type.tensor_type.elem_type == onnx.TensorProto.INT32}
+    int32 |= {t.name for t in model.graph.initializer
+              if t.name.endswith(names.MASK_POSITIONS_SUFFIX)
+              and t.data_type == onnx.TensorProto.INT32}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in model.graph.node:
+        for k, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, k))
+    outputs = {o.name for o in model.graph.output}
+    dropped = []
+    for n in model.graph.node:
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        if n.op_type != "Cast" or to != onnx.TensorProto.INT64 or n.input[0] not in int32:
+            continue
+        uses = readers.get(n.output[0], [])
+        if n.output[0] in outputs or not uses or any(
+                INDEX_READERS.get(r.op_type) != k for r, k in uses):
+            continue
+        for r, k in uses:
+            r.input[k] = n.input[0]
+        dropped.append(n)
+    gone = {n.output[0] for n in dropped}
+    for n in dropped:
+        model.graph.node.remove(n)
+    for v in [v for v in model.graph.value_info if v.name in gone]:
+        model.graph.value_info.remove(v)
+    return len(dropped)

@@ -4,15 +4,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 import torch
 from torch import nn
 
 from conftest import cli, device_python
+from edgetrain import names
 from edgetrain.budget import arena_rounded
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
-from exporters.sparse import ALLOCATIONS, INITS, dense_weight, sparsify
+from exporters.sparse import ALLOCATIONS, INITS, dense_weight, int32_scatter_indices, sparsify
 
 
 def net() -> nn.Module:
@@ -80,6 +83,11 @@ def test_ort_gradients_of_kept_values_equal_torch(tmp_path):
                         plan=Plan(micro_batch=4), density=0.25, mask_allocation="uniform")
     assert {k.weight for k in m.masks} == {"0.weight", "2.weight", "6.weight"}
     assert load_manifest(tmp_path / "a").masks == m.masks
+    # the scatters read the stored int32 positions: no cast to int64 is left in the graph
+    assert m.provenance["int32_scatter_indices"] == 3
+    train = onnx.load(tmp_path / "a" / m.files[names.TRAINING_MODEL].path)
+    assert not [n for n in train.graph.node if n.op_type == "Cast" and
+                helper.get_attribute_value(n.attribute[0]) == TensorProto.INT64]
     model, _ = sparsify(net(), 0.25, "uniform")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
@@ -121,3 +129,35 @@ def test_trainable_state_bytes_scale_with_kept_weights(tmp_path):
     state = {d: b["parameters"] + b["gradients"] + b["optimizer_state"]
              for d, b in breakdown.items()}
     assert state[0.1] < 0.3 * state[1.0]
+
+
+def _scatter_graph(extra_reader: bool) -> onnx.ModelProto:
+    pos = "w" + names.MASK_POSITIONS_SUFFIX
+    nodes = [helper.make_node("Cast", [pos], ["p64"], to=TensorProto.INT64),
+             helper.make_node("ScatterElements", ["zeros", "p64", "v"], ["dense"], axis=0)]
+    outs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, [6])]
+    if extra_reader:  # the int64 tensor read as data, not as indices: the cast must stay
+        nodes.append(helper.make_node("Neg", ["p64"], ["n"]))
+        outs.append(helper.make_tensor_value_info("n", TensorProto.INT64, [2]))
+    ins = [helper.make_tensor_value_info("zeros", TensorProto.FLOAT, [6]),
+           helper.make_tensor_value_info(pos, TensorProto.INT32, [2]),
+           helper.make_tensor_value_info("v", TensorProto.FLOAT, [2])]
+    return helper.make_model(helper.make_graph(nodes, "g", ins, outs),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int32_indices_scatter_the_same_values_and_other_casts_stay():
+    import onnxruntime as ort
+
+    feed = {"zeros": np.zeros(6, np.float32), "w" + names.MASK_POSITIONS_SUFFIX:
+            np.array([1, 4], np.int32), "v": np.array([2.5, -1.0], np.float32)}
+    m = _scatter_graph(False)
+    before = ort.InferenceSession(m.SerializeToString()).run(None, feed)[0]
+    assert int32_scatter_indices(m) == 1
+    assert [n.op_type for n in m.graph.node] == ["ScatterElements"]
+    after = ort.InferenceSession(m.SerializeToString()).run(None, feed)[0]
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_array_equal(after, [0, 2.5, 0, 0, -1.0, 0])
+    kept = _scatter_graph(True)
+    assert int32_scatter_indices(kept) == 0
+    assert [n.op_type for n in kept.graph.node] == ["Cast", "ScatterElements", "Neg"]

@@ -27,7 +27,7 @@ from exporters.graph import ALIAS_OPS, drop_identities, execution_order
 from exporters.predictor.ortgraph import SymbolicShapes, node_arg_shapes, optimized_graph
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 
-INPLACE_OPS = {"Relu"}  # output 0 may overwrite input 0 (kernel's MayInplace), measured
+INPLACE_OPS = {"Relu", "HardSigmoid"}  # output 0 may overwrite input 0 (MayInplace), measured
 SHAPE_OPS = {"Shape", "Size"}
 PATTERN_ALIGN = 64  # kAllocAlignment
 

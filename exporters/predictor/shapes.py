@@ -19,7 +19,8 @@ from edgetrain import names
 # we size by broadcasting their inputs.
 COMPARE_OPS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}  # bool outputs
 SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
-                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign"} | COMPARE_OPS
+                  "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign",
+                  "Ceil", "HardSigmoid"} | COMPARE_OPS
 ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
 ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
 

@@ -1,12 +1,13 @@
 """Static predictor vs the runtime's allocator: the built-in networks and the layer families.
 
-    .venv/bin/python bench/predictor.py            # about 15 minutes on 2 cores
+    .venv/bin/python bench/predictor.py            # about 20 minutes on 2 cores
 
 Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not change memory)
-at batch 1, 8, 32; the layer families of tests/wearable_models.py (exported through the
+at batch 1, 8, 32; the stack's sparse + recompute rows at their micro-batch (STACK_ROWS,
+exported as bench/planner.py exports them); the layer families of tests/wearable_models.py (exported through the
 Python API) at batch 4 and 32. Each is measured with `edgetrain measure --json` (a fresh
 torch-free process per case). Writes bench/results/predictor.json and the tables in
-docs/predictor.md.
+docs/predictor.md (markers `table`, `stack`, `families`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from common import ROOT, replace_table, run, save_results
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn", "imu_transformer"]
 BATCHES = [1, 8, 32]
 FAMILY_BATCHES = [4, 32]
+STACK_ROWS = ("C4", "C5", "C6", "C7")  # sparse weights rebuilt by a recompute plan, batch 1
 
 
 def measured_row(name: str, art: Path, batch: int) -> dict:
@@ -66,10 +68,23 @@ def main() -> None:
             art = Path(tmp) / net
             run("export", "--model", net, "--epochs", "0", "--no-cache", "--out", str(art))
             rows += [measured_row(net, art, b) for b in BATCHES]
+        stack = [measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
+                 for c, art in stack_artifacts(Path(tmp))]
         families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
-    save_results("predictor", rows + families)
+    save_results("predictor", rows + stack + families)
     write_table(rows, "table")
+    write_table(stack, "stack")
     write_table(families, "families")
+
+
+def stack_artifacts(tmp: Path):
+    """(configuration, artifact folder) for the stack rows in STACK_ROWS."""
+    from planner import export
+    from stack_config import STACK
+
+    for c in (c for c in STACK if c.name in STACK_ROWS):
+        yield c, export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
+                        c.accumulation, c.update)
 
 
 def write_table(rows: list[dict], marker: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgetrain.budget import arena_rounded
-from exporters.graph import CONV_OPS, attributes, drop_identities, forward_conv_outputs
+from exporters.graph import CONV_OPS, attributes, drop_identities
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import StepPlan
 from exporters.predictor.shapes import Shapes, runtime_shapes
@@ -36,7 +36,6 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
     nodes, _ = drop_identities(model)
     by_name = {n.name: n for n in nodes}
     shapes = runtime_shapes(model, batch, known=known)
-    conv_out = forward_conv_outputs(nodes)
     starts: dict[int, list[tuple[str, int]]] = {}
     ends: dict[str, int] = {}
     for name, size, first, last in plan.dynamic:
@@ -45,7 +44,7 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
     arena = RegionArena()
     live: list[str] = []
     for t, name in enumerate(plan.order):
-        temps = conv_temporaries(by_name[name], shapes, conv_out, threads)
+        temps = conv_temporaries(by_name[name], shapes, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
         for tensor, size in starts.get(t, []):
@@ -59,24 +58,26 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
     return sum(arena.regions)
 
 
-def conv_temporaries(n, shapes, conv_out, threads: int) -> list[int]:
+def conv_temporaries(n, shapes, threads: int) -> list[int]:
     """Bytes of the temporaries a Conv or ConvGrad kernel allocates while it runs."""
     if n.op_type not in CONV_OPS + ("ConvGrad",):
         return []
     a = attributes(n)
     group = int(a.get("group", 1))
-    x, w = (n.input[0], n.input[1]) if n.op_type in CONV_OPS else (n.input[1], n.input[2])
-    y = n.output[0] if n.op_type in CONV_OPS else conv_out.get((x, w))
-    if x not in shapes or w not in shapes or y not in shapes:
+    w = n.input[1] if n.op_type in CONV_OPS else n.input[2]
+    # a ConvGrad's dY has its convolution's output shape; the weight [M, C/group, k...] gives
+    # K, so neither needs X or the forward output (a recompute plan renames both)
+    y = n.output[0] if n.op_type in CONV_OPS else n.input[0]
+    if w not in shapes or y not in shapes:
         return []
-    xs, ws = shapes[x][0], shapes[w][0]
+    ws = shapes[w][0]
     kernel = int(np.prod(ws[2:]))
-    k = xs[1] // group * kernel  # K: input channels per group x kernel size
+    k = ws[1] * kernel  # K: input channels per group x kernel size
     pixels = int(np.prod(shapes[y][0][2:]))
     if n.op_type == "ConvGrad":
         return [k * pixels * 4, pixels * 4]
     filters = ws[0] // group
-    pointwise = (kernel == 1 and k == xs[1] and all(s == 1 for s in a.get("strides", [1]))
+    pointwise = (kernel == 1 and group == 1 and all(s == 1 for s in a.get("strides", [1]))
                  and not any(a.get("pads", [0])))
     if pointwise:
         return []

@@ -5,8 +5,9 @@ reads that weight (ConvGrad needs it for the input gradient), so ORT keeps every
 weight from the forward pass to the backward pass: the whole dense model's bytes at once. Here
 each late reader (a backward node or a recompute copy) gets its own copy of the scatter chain,
 started from PassThrough(values, positions, g) with g a late input of that reader: the copy
-runs just before it is read, and the forward weight dies after its forward use. The int64
-scatter indices (8 bytes per kept weight) are rebuilt the same way.
+runs just before it is read, and the forward weight dies after its forward use. Whatever
+else the chain computes from values and positions is rebuilt the same way (the scatter reads
+the int32 positions themselves: exporters.sparse.int32_scatter_indices).
 """
 from __future__ import annotations
 

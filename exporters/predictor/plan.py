@@ -4,8 +4,9 @@ On the graph ORT runs (ortgraph.optimized_graph), in ORT's execution order, this
 onnxruntime/core/framework/allocation_planner.cc (single stream) and session_state.cc:
   * reuse plan, node by node: a view op's output (Reshape, Squeeze, Unsqueeze, Flatten,
     Identity; PassThrough's k-th output) is its input's buffer; Relu, HardSigmoid and
-    ScatterElements write into an input that dies there (same symbolic shape); otherwise the most recently freed buffer of the
-    same symbolic shape and item size; otherwise a new buffer. A buffer is freed after the
+    ScatterElements write into an input that dies there (same symbolic shape); otherwise the
+    most recently freed buffer of the same symbolic shape and item size; otherwise a new
+    buffer. A buffer is freed after the
     node where its last reader runs. Graph outputs get buffers of their own.
   * memory pattern: every new buffer whose shape ORT can resolve from the input shapes (all
     dimensions numbers or input symbols) is placed best-fit among the blocks live at that

@@ -41,10 +41,11 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
-    "Cast", "Ceil", "Clip", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear", "Div", "Dropout",
-    "DropoutGrad",
+    "Cast", "Ceil", "Clip", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear", "Div",
+    "Dropout", "DropoutGrad",
     "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
-    "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid", "Identity",
+    "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
+    "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual",
     "MatMul", "MaxPool", "MaxPoolGrad", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",

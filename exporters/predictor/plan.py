@@ -6,8 +6,8 @@ onnxruntime/core/framework/allocation_planner.cc (single stream) and session_sta
     Identity; PassThrough's k-th output) is its input's buffer; Relu, HardSigmoid and
     ScatterElements write into an input that dies there (same symbolic shape); otherwise the
     most recently freed buffer of the same symbolic shape and item size; otherwise a new
-    buffer. A buffer is freed after the
-    node where its last reader runs. Graph outputs get buffers of their own.
+    buffer. A buffer is freed after the node where its last reader runs. Graph outputs get
+    buffers of their own.
   * memory pattern: every new buffer whose shape ORT can resolve from the input shapes (all
     dimensions numbers or input symbols) is placed best-fit among the blocks live at that
     time, 64-byte aligned; the block's total is the pattern.

@@ -6,8 +6,8 @@ Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not ch
 at batch 1, 8, 32; the stack's sparse + recompute rows at their micro-batch (STACK_ROWS,
 exported as bench/planner.py exports them); the layer families of tests/wearable_models.py
 (exported through the Python API) at batch 4 and 32. Each is measured with `edgetrain
-measure --json` (a fresh torch-free process per case). Writes bench/results/predictor.json and the tables in
-docs/predictor.md (markers `table`, `stack`, `families`).
+measure --json` (a fresh torch-free process per case). Writes bench/results/predictor.json
+and the tables in docs/predictor.md (markers `table`, `stack`, `families`).
 """
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_named_patch_mobilenet_end_to_end_on_builtin_user(tmp_path):
     assert r.returncode == 0, r.stderr
     peak = json.loads(r.stdout)["peak_bytes"]
     r = cli("personalise", art, "--user", "10", "--budget", peak, "--epochs", "1",
-            "--out", tmp_path / "u10", "--json")
+            "--lr-grid", "3e-4", "--out", tmp_path / "u10", "--json")  # one run: quick
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["inference_agreement"] == 1.0 and res["torch_loaded"] is False

@@ -28,6 +28,7 @@ from torch import nn
 
 from edgetrain import names
 from edgetrain.manifest import MaskSpec
+from exporters.graph import attributes
 
 MASKABLE: dict[type, tuple[str, ...]] = {
     nn.Conv1d: ("weight",), nn.Conv2d: ("weight",), nn.Linear: ("weight",),
@@ -231,8 +232,8 @@ def int32_scatter_indices(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in model.graph.output}
     dropped = []
     for n in model.graph.node:
-        to = next((a.i for a in n.attribute if a.name == "to"), None)
-        if n.op_type != "Cast" or to != onnx.TensorProto.INT64 or n.input[0] not in int32:
+        if (n.op_type != "Cast" or attributes(n).get("to") != onnx.TensorProto.INT64
+                or n.input[0] not in int32):
             continue
         uses = readers.get(n.output[0], [])
         if n.output[0] in outputs or not uses or any(

@@ -52,6 +52,9 @@ class Plan:
     # frozen weights stored in 8 bits (exporters/quantize.py): PyTorch names; each is held as
     # `<name>_int8` and `<name>_scale` and rebuilt by a DequantizeLinear node
     frozen_int8: tuple[str, ...] = ()
+    # masked weights' gradients (exporters/sparsegrad.py): "dense", ORT's dense dW read at the
+    # kept positions; "kept": computed at the kept positions only, where the layer allows
+    weight_grad: str = "dense"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,15 @@ import numpy as np
 LOG_LEVEL_ENV = "EDGETRAIN_ORT_LOG_LEVEL"
 
 
+# ORT's buffer reuse in the training session. Off: each tensor gets its own block of the
+# memory pattern, placed by lifetime. On (ORT's default), a freed buffer is handed to the next
+# tensor of the same size, and the pattern then keeps that buffer for the whole chain: a
+# sparse layer's forward dense weight stays placed until its backward copy is done with it.
+# Measured (allocator, one call): MobileNetV1 at one image 38.7 -> 23.0 MB of activations,
+# the patch MobileNet at one patch 13.7 -> 11.4 MB, and the step no slower.
+TRAINING_MEMORY_REUSE = False
+
+
 def session_options(ort, threads: int, memory_pattern: bool = True):
     """SessionOptions for every session the runtime opens (training, side graphs, inference).
 
@@ -29,6 +38,8 @@ def session_options(ort, threads: int, memory_pattern: bool = True):
     so.add_session_config_entry("session.use_env_allocators", "1")
     so.add_session_config_entry("session.disable_prepacking", "1")
     so.enable_mem_pattern = memory_pattern
+    if memory_pattern:  # the training session (see TRAINING_MEMORY_REUSE)
+        so.enable_mem_reuse = TRAINING_MEMORY_REUSE
     so.log_severity_level = int(os.environ.get(LOG_LEVEL_ENV, "4"))
     so.intra_op_num_threads = threads
     return so

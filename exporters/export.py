@@ -22,7 +22,7 @@ from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FIL
 from exporters.convbn import fold_conv_batchnorms
 from exporters.gradkernels import rewrite_training_model
 from exporters.norms import freeze_batchnorm_layers
-from exporters.onnxfixes import (fix_eval_batchnorm, native_stderr_captured, optimizer_settings,
+from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_scalar_shapes, native_stderr_captured, optimizer_settings,
                                  torch_to_onnx)
 from exporters.operators import check_operators, explain_artifact_failure
 from exporters.predictor import predict
@@ -32,6 +32,7 @@ from exporters.recompute import plan_and_rewrite
 from exporters.rewrites import rewrite_for_training
 from exporters.sidegraphs import write_batchnorm_stats_model, write_mask_grad_model
 from exporters.quantize import quantize_frozen_weights
+from exporters.sparsegrad import WEIGHT_GRADS, rewrite_masked_pointwise_grads_file
 from exporters.sparse import dense_reasons, int32_scatter_indices, sparsify
 from exporters import updateplans
 from exporters.updateplans import first_use
@@ -118,6 +119,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
 
     if update is not None and trainable is not None:
         raise ValueError("give an update plan or a list of trainable names, not both")
+    if plan.weight_grad not in WEIGHT_GRADS:
+        raise ValueError(f"weight gradient {plan.weight_grad!r} is not one of {WEIGHT_GRADS}; "
+                         "'kept' computes a masked layer's gradient at its kept weights only")
     model = rewrite_for_training(model)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
@@ -218,11 +222,15 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files[names.MASK_GRAD_MODEL] = SIDE_FILES[names.MASK_GRAD_MODEL]
         write_mask_grad_model(out / FILES[names.TRAINING_MODEL], trained_masks,
                               out / files[names.MASK_GRAD_MODEL])
+    if plan.weight_grad == "kept":
+        gradient_rewrites["ConvGrad_masked_pointwise"] = rewrite_masked_pointwise_grads_file(
+            out / FILES[names.TRAINING_MODEL], plan.micro_batch)
     stats = SIDE_FILES[names.BATCHNORM_STATS_MODEL]
     if not int8 and write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),
                                    INPUT_NAME):
         files[names.BATCHNORM_STATS_MODEL] = stats
 
+    fix_eval_scalar_shapes(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

@@ -174,17 +174,21 @@ def test_unsupported_layers_are_refused_before_any_file(tmp_path, model, module,
 @pytest.mark.parametrize("case", ["cnn1d_bn", "moe_transformer", "transformer_encoder"],
                          indirect=True)
 def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
-    """measure --budget B for B just under, at and just over the measured peak: the cap is
-    exact, so the peak itself fits and one byte less does not."""
+    """measure --budget B for B just under, at and just over the measured peak: the peak
+    itself fits; below it a run either fails cleanly (exit 3) or trains within B. (Below the
+    memory-pattern block ORT falls back to allocating tensor by tensor, which on graphs with
+    run-time shapes can need less than the block: measured, a 3-layer encoder trains in
+    313,088 bytes under a cap, 347,904 uncapped.)"""
     peak = case.measured[0]["peak_bytes"]
     for budget in (peak - 1, peak - 4096, peak, peak + 4096):
         p = cli("measure", case.arts["none"], "--batch", BATCH, "--steps", "1",
                 "--budget", budget, "--json")
+        assert "Traceback" not in p.stderr, p.stderr
         if budget >= peak:
             assert p.returncode == 0, p.stderr
+        assert p.returncode in (0, 3), p.stderr
+        if p.returncode == 0:
             assert json.loads(p.stdout)["peak_bytes"] <= budget
-        else:
-            assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("case", ["transformer_encoder"], indirect=True)

@@ -32,8 +32,10 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
     recompute plan was given; each extra update plan; each extra density), keep the variant
     whose confirmed plan measured fastest, write its plan there, and record every variant's
-    outcome in provenance["plan_search"]["variants"]. The step stays the one the export
-    describes. build(folder, recompute, update, density) exports one twin."""
+    outcome in provenance["plan_search"]["variants"]. If no variant has a plan and the artifact
+    is sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
+    step stays the one the export describes. build(folder, recompute, update, density[,
+    weight_grad]) exports one twin."""
     import shutil
 
     from device_sim.planner import best_variant, plan, write_plan
@@ -43,16 +45,25 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
     updates = [update] + [u for u in extra_updates if u != update]
     densities = [density] + [d for d in dict.fromkeys(extra_densities) if d != density]
-    folders = {}
+    folders, variants = {}, {}
     try:
         for i, (r, u, d) in enumerate((r, u, d) for u in updates for d in densities
                                       for r in recomputes):
             key = f"recompute {r}, update {u}" + (f", density {d:g}" if len(densities) > 1
                                                   else "")
-            folders[key] = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
+            folders[key], variants[key] = (out if i == 0 else
+                                           out.parent / f".{out.name}.plan-{i}"), (r, u, d)
             if i:
                 build(folders[key], r, u, d)
         results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
+        if best_variant(results) is None and m.masks and m.plan.weight_grad == "dense":
+            # nothing fits: the kept-weights gradient (less memory, a slower step) as well
+            for i, key in enumerate(list(folders), start=len(folders)):
+                r, u, d = variants[key]
+                twin = f"{key}, kept weight gradients"
+                folders[twin] = out.parent / f".{out.name}.plan-{i}"
+                build(folders[twin], r, u, d, "kept")
+                results[twin] = plan(folders[twin], budget_bytes, step)
         for k, res in results.items():
             c = res.chosen
             if not quiet:
@@ -158,11 +169,18 @@ def record_variants(folder, best: str, results) -> None:
               help="With --plan auto: a kept fraction of weights it may choose as well "
                    "(repeatable, e.g. --plan-density 0.1). Each is pretrained (cached) and "
                    "exported like --density; it changes the model, so check its accuracy.")
+@click.option("--weight-grad", type=click.Choice(["dense", "kept"]), default="dense",
+              show_default=True,
+              help="Masked pointwise layers' weight gradient: dense (ORT's dense dW, read at the "
+                   "kept weights) or kept (computed at the kept weights only: less memory at "
+                   "small micro-batches, a slower step). --plan auto tries kept when nothing "
+                   "fits with dense.")
 @json_option
 def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
-           update, int8_frozen, plan_mode, plan_updates, plan_densities, as_json):
+           update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
+    import dataclasses
     from pathlib import Path
 
     import torch
@@ -184,8 +202,8 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                              epochs=epochs, also_held_out=subjects(also_holdout))
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
 
-        def build(folder, recompute_plan, update_plan, kept=density):
-            m = export_named(cfg, folder, plan, lr=lr,
+        def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad):
+            m = export_named(cfg, folder, dataclasses.replace(plan, weight_grad=grads), lr=lr,
                              cache_dir=None if no_cache else Path(".cache/pretrain"),
                              show_progress=not as_json, recompute=recompute_plan,
                              recompute_budget_bytes=budget_bytes

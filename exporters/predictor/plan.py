@@ -80,7 +80,7 @@ def same_shape(a, b) -> bool:
 
 
 def plan_step(path: str, batch: int, known: Shapes | None = None,
-              hoist_shapes: bool = False) -> StepPlan:
+              hoist_shapes: bool = False, memory_reuse: bool = True) -> StepPlan:
     """Simulate ORT's plan for one training step of the training graph at `path`.
     known: forward tensor shapes found by running the eval graph (evaluated.py)."""
     model = optimized_graph(path)
@@ -90,7 +90,7 @@ def plan_step(path: str, batch: int, known: Shapes | None = None,
         order = hoist_shape_ops(nodes, order)
     sized = tensor_shapes(model, batch, known)
     symb = node_arg_shapes(model)
-    reuse = _reuse_plan(model, nodes, order, symb)
+    reuse = _reuse_plan(model, nodes, order, symb, memory_reuse)
     return _trace(nodes, order, batch, sized, symb, reuse, model)
 
 
@@ -102,7 +102,7 @@ class _Reuse:
     end: dict  # buffer -> index in order after which it is freed
 
 
-def _reuse_plan(model, nodes, order, symb: SymbolicShapes) -> _Reuse:
+def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool = True) -> _Reuse:
     inputs = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     use: dict[str, int] = {}
@@ -137,7 +137,8 @@ def _reuse_plan(model, nodes, order, symb: SymbolicShapes) -> _Reuse:
                 share(x, o)
                 continue
             dims, item = symb.get(o, (None, 0))
-            match = next((j for j, f in enumerate(free) if dims and symb.get(f, (None, 0))[1]
+            match = next((j for j, f in enumerate(free) if memory_reuse and dims
+                          and symb.get(f, (None, 0))[1]
                           == item and same_shape(symb.get(f, (None, 0))[0], dims)), None)
             if match is not None:
                 share(free.pop(match), o)

@@ -152,6 +152,11 @@ def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8,
     and the gradient rules to a fixpoint, and knows ORT's BatchNormInternal."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    # each tensor's element type, declared or as ONNX infers it (an int32 and a float share
+    # an itemsize, so the sizes found below do not say which)
+    typed = list(m.graph.value_info) + list(shape_inference.infer_shapes(m).graph.value_info)
+    elem = {v.name: v.type.tensor_type.elem_type for v in typed if v.type.tensor_type.elem_type}
+    elem.update((i.name, i.data_type) for i in m.graph.initializer)
     del m.graph.value_info[:]
     shapes: Shapes = {}
     for _ in range(rounds):
@@ -177,5 +182,5 @@ def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8,
         for name, (shape, item) in found.items():
             if name not in graph_io:
                 m.graph.value_info.append(onnx.helper.make_tensor_value_info(
-                    name, ELEM_OF_ITEMSIZE.get(item, 1), shape))
+                    name, elem.get(name) or ELEM_OF_ITEMSIZE.get(item, 1), shape))
     return shapes

@@ -114,6 +114,15 @@ def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
     assert search["chosen"]["measured_peak_bytes"] <= 12 << 20
     assert m.plan.micro_batch * m.plan.accumulation_steps >= 32
     assert m.predicted["batch"] == m.plan.micro_batch
+    # a plan at another micro-batch than exported: the winner is exported again at it and
+    # confirmed by a capped run; kept, its own measurement is the plan's
+    rebuilt = search["rebuilt_at_plan"]
+    assert m.plan.micro_batch != 8, "the test needs a plan at another micro-batch"
+    assert rebuilt["micro_batch"] == m.plan.micro_batch
+    assert rebuilt["reason"] in ("fits", "slower", "over budget")
+    if rebuilt["kept"]:
+        assert search["chosen"]["measured_peak_bytes"] == rebuilt["measured_peak_bytes"]
+        assert search["chosen"]["predicted_peak_bytes"] == m.predicted["peak_bytes"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imu"]
     bad = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--out", out)
     assert bad.returncode == 2  # --plan auto needs a budget

@@ -161,3 +161,22 @@ def test_int32_indices_scatter_the_same_values_and_other_casts_stay():
     kept = _scatter_graph(True)
     assert int32_scatter_indices(kept) == 0
     assert [n.op_type for n in kept.graph.node] == ["Cast", "ScatterElements", "Neg"]
+
+
+def test_eval_graph_builds_each_dense_weight_after_its_layer_input(tmp_path):
+    """The inference check runs the model exported from the eval graph: each masked weight's
+    zeros come from its layer's input shape, so ORT cannot build every weight up front."""
+    m = export_artifact(net(), torch.zeros(2, 3, 8, 8), tmp_path / "a", classes=list("abcd"),
+                        plan=Plan(micro_batch=2), density=0.25, mask_allocation="uniform")
+    g = onnx.load(tmp_path / "a" / m.files[names.EVAL_MODEL].path).graph
+    producer = {o: n for n in g.node for o in n.output}
+    expands = [producer[n.input[0]] for n in g.node if n.op_type == "ScatterElements"]
+    assert len(expands) == len(m.masks) == 3
+    for e in expands:
+        chain, t = [], e.input[0]
+        while t in producer and (not chain or chain[-1].op_type != "Shape"):
+            chain.append(producer[t])
+            t = producer[t].input[0]
+        assert [n.op_type for n in chain] == ["Mul", "Cast", "Shape"]
+        # the Shape reads an activation (the graph input for the first layer), not a weight
+        assert t in producer or t in {i.name for i in g.input} - {i.name for i in g.initializer}

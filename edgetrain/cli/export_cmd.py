@@ -8,6 +8,7 @@ import click
 from edgetrain.budget import BudgetError
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)
+from edgetrain.cli.plan_variants import plan_over_variants
 from edgetrain.manifest import DEFAULT_THREADS
 
 
@@ -24,90 +25,6 @@ def record_measured_peak(out, m):
     m = dataclasses.replace(m, provenance={**m.provenance, "update_search": search})
     m.write(out)
     return m
-
-
-def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates,
-                       budget_bytes: int, quiet: bool, density: float = 1.0,
-                       extra_densities=()):
-    """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
-    recompute plan was given; each extra update plan; each extra density), keep the variant
-    whose confirmed plan measured fastest, write its plan there, and record every variant's
-    outcome in provenance["plan_search"]["variants"]. If no variant has a plan and the artifact
-    is sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
-    step stays the one the export describes. build(folder, recompute, update, density[,
-    weight_grad]) exports one twin."""
-    import shutil
-
-    from device_sim.planner import best_variant, plan, write_plan
-    from edgetrain.manifest import load_manifest
-
-    step = m.plan.micro_batch * m.plan.accumulation_steps
-    recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
-    updates = [update] + [u for u in extra_updates if u != update]
-    densities = [density] + [d for d in dict.fromkeys(extra_densities) if d != density]
-    folders, variants = {}, {}
-    try:
-        for i, (r, u, d) in enumerate((r, u, d) for u in updates for d in densities
-                                      for r in recomputes):
-            key = f"recompute {r}, update {u}" + (f", density {d:g}" if len(densities) > 1
-                                                  else "")
-            folders[key], variants[key] = (out if i == 0 else
-                                           out.parent / f".{out.name}.plan-{i}"), (r, u, d)
-            if i:
-                build(folders[key], r, u, d)
-        results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
-        if best_variant(results) is None and m.masks and m.plan.weight_grad == "dense":
-            # nothing fits: the kept-weights gradient (less memory, a slower step) as well
-            for i, key in enumerate(list(folders), start=len(folders)):
-                r, u, d = variants[key]
-                twin = f"{key}, kept weight gradients"
-                folders[twin] = out.parent / f".{out.name}.plan-{i}"
-                build(folders[twin], r, u, d, "kept")
-                results[twin] = plan(folders[twin], budget_bytes, step)
-        for k, res in results.items():
-            c = res.chosen
-            if not quiet:
-                click.echo(f"plan search, {k}: " + (
-                    f"micro-batch {c.micro_batch} x {c.accumulation_steps}, "
-                    f"{c.measured_step_time_s:.3f} s a step, measured peak "
-                    f"{c.measured_peak_bytes:,} bytes" if c else f"no plan ({res.reason})"))
-        best = best_variant(results)
-        if best is None:
-            why = "; ".join(f"{k}: {res.reason}" for k, res in results.items())
-            raise BudgetError(f"no micro-batch of a {step}-item step trains within "
-                              f"{budget_bytes} bytes ({why}); the artifact in {out} keeps the "
-                              "plan it was given. Try a larger budget or --plan-update head",
-                              budget_bytes, None)
-        write_plan(folders[best], results[best])
-        record_variants(folders[best], best, results)
-        if folders[best] != out:
-            shutil.rmtree(out)
-            folders[best].rename(out)
-    finally:
-        for f in folders.values():
-            if f != out and f.exists():
-                shutil.rmtree(f)
-    return load_manifest(out)
-
-
-def record_variants(folder, best: str, results) -> None:
-    """Each variant's outcome beside the chosen plan: its confirmed plan (micro-batch x
-    accumulation, measured step time and peak) or why it had none."""
-    import dataclasses
-
-    from edgetrain.manifest import load_manifest
-
-    variants = {}
-    for key, res in results.items():
-        c = res.chosen
-        variants[key] = ({"micro_batch": c.micro_batch,
-                          "accumulation_steps": c.accumulation_steps,
-                          "measured_step_time_s": c.measured_step_time_s,
-                          "measured_peak_bytes": c.measured_peak_bytes} if c
-                         else {"reason": res.reason})
-    m = load_manifest(folder)
-    search = {**m.provenance["plan_search"], "variant": best, "variants": variants}
-    dataclasses.replace(m, provenance={**m.provenance, "plan_search": search}).write(folder)
 
 
 @click.command(options_metavar="--model NAME --out DIR [OPTIONS]")
@@ -202,8 +119,11 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                              epochs=epochs, also_held_out=subjects(also_holdout))
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
 
-        def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad):
-            m = export_named(cfg, folder, dataclasses.replace(plan, weight_grad=grads), lr=lr,
+        def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad,
+                  micro=micro_batch, accumulation=accumulate):
+            at = dataclasses.replace(plan, weight_grad=grads, micro_batch=micro,
+                                     accumulation_steps=accumulation)
+            m = export_named(cfg, folder, at, lr=lr,
                              cache_dir=None if no_cache else Path(".cache/pretrain"),
                              show_progress=not as_json, recompute=recompute_plan,
                              recompute_budget_bytes=budget_bytes

@@ -1,0 +1,142 @@
+"""`export --plan auto`: the planner over export variants (host side: it exports twins and
+runs capped measurements through device_sim)."""
+from __future__ import annotations
+
+import click
+
+from edgetrain.budget import BudgetError
+
+
+def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates,
+                       budget_bytes: int, quiet: bool, density: float = 1.0,
+                       extra_densities=()):
+    """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
+    recompute plan was given; each extra update plan; each extra density), keep the variant
+    whose confirmed plan measured fastest, write its plan there, and record every variant's
+    outcome in provenance["plan_search"]["variants"]. If no variant has a plan and the artifact
+    is sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
+    step stays the one the export describes. build(folder, recompute, update, density[,
+    weight_grad]) exports one twin."""
+    import shutil
+
+    from device_sim.planner import best_variant, plan, write_plan
+    from edgetrain.manifest import load_manifest
+
+    step = m.plan.micro_batch * m.plan.accumulation_steps
+    recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
+    updates = [update] + [u for u in extra_updates if u != update]
+    densities = [density] + [d for d in dict.fromkeys(extra_densities) if d != density]
+    folders, variants = {}, {}
+    try:
+        for i, (r, u, d) in enumerate((r, u, d) for u in updates for d in densities
+                                      for r in recomputes):
+            key = f"recompute {r}, update {u}" + (f", density {d:g}" if len(densities) > 1
+                                                  else "")
+            folders[key], variants[key] = (out if i == 0 else
+                                           out.parent / f".{out.name}.plan-{i}"), (r, u, d,
+                                                                                   "dense")
+            if i:
+                build(folders[key], r, u, d)
+        results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
+        if best_variant(results) is None and m.masks and m.plan.weight_grad == "dense":
+            # nothing fits: the kept-weights gradient (less memory, a slower step) as well
+            for i, key in enumerate(list(folders), start=len(folders)):
+                r, u, d, _ = variants[key]
+                twin = f"{key}, kept weight gradients"
+                folders[twin], variants[twin] = out.parent / f".{out.name}.plan-{i}", (r, u, d,
+                                                                                       "kept")
+                build(folders[twin], r, u, d, "kept")
+                results[twin] = plan(folders[twin], budget_bytes, step)
+        for k, res in results.items():
+            c = res.chosen
+            if not quiet:
+                click.echo(f"plan search, {k}: " + (
+                    f"micro-batch {c.micro_batch} x {c.accumulation_steps}, "
+                    f"{c.measured_step_time_s:.3f} s a step, measured peak "
+                    f"{c.measured_peak_bytes:,} bytes" if c else f"no plan ({res.reason})"))
+        best = best_variant(results)
+        if best is None:
+            why = "; ".join(f"{k}: {res.reason}" for k, res in results.items())
+            raise BudgetError(f"no micro-batch of a {step}-item step trains within "
+                              f"{budget_bytes} bytes ({why}); the artifact in {out} keeps the "
+                              "plan it was given. Try a larger budget or --plan-update head",
+                              budget_bytes, None)
+        rebuilt = rebuild_at_plan(out, folders, best, variants[best], results, build,
+                                  budget_bytes, m.plan.micro_batch, quiet)
+        write_plan(folders[best], results[best])
+        record_variants(folders[best], best, results, rebuilt)
+        if folders[best] != out:
+            shutil.rmtree(out)
+            folders[best].rename(out)
+    finally:
+        for f in folders.values():
+            if f != out and f.exists():
+                shutil.rmtree(f)
+    return load_manifest(out)
+
+
+REBUILT_SLOWER_RATIO = 1.05  # the rebuilt artifact is kept unless its step measures slower
+
+
+def rebuild_at_plan(out, folders, best: str, variant, results, build, budget_bytes: int,
+                    exported_micro_batch: int, quiet: bool) -> dict | None:
+    """Export the winning variant again at its chosen micro-batch, where that differs from
+    the one exported: what an export decides by the micro-batch (the recompute plan, the
+    gradient rewrites, the BatchNorm fold) is then decided for the plan that runs, and the
+    manifest's prediction is made at the micro-batch the graph was built for. One capped run
+    confirms it; it replaces the planned artifact if it fits and its step measures no more
+    than REBUILT_SLOWER_RATIO slower. Returns what happened (None: nothing to rebuild)."""
+    import dataclasses
+
+    from device_sim.measure import measure
+    from edgetrain.manifest import load_manifest
+
+    res = results[best]
+    c = res.chosen
+    if c.micro_batch == exported_micro_batch:
+        return None
+    folder = out.parent / f".{out.name}.plan-at-plan"
+    folders[f"{best}, rebuilt"] = folder
+    build(folder, *variant[:3], variant[3], c.micro_batch, c.accumulation_steps)
+    predicted = load_manifest(folder).predicted
+    record = {"micro_batch": c.micro_batch, "predicted_peak_bytes": predicted["peak_bytes"]}
+    try:
+        got = measure(folder, c.micro_batch, budget_bytes, c.accumulation_steps, 2, res.threads)
+    except BudgetError as e:
+        record.update(measured_peak_bytes=e.needed_bytes, kept=False, reason="over budget")
+    else:
+        kept = got.step_time_s <= c.measured_step_time_s * REBUILT_SLOWER_RATIO
+        record.update(measured_peak_bytes=got.peak_bytes, measured_step_time_s=got.step_time_s,
+                      kept=kept, reason="fits" if kept else "slower")
+        if kept:
+            folders[best] = folder
+            chosen = dataclasses.replace(c, predicted_peak_bytes=predicted["peak_bytes"],
+                                         measured_peak_bytes=got.peak_bytes,
+                                         measured_step_time_s=got.step_time_s)
+            results[best] = dataclasses.replace(res, artifact=str(folder), chosen=chosen)
+    if not quiet:
+        click.echo(f"rebuilt at micro-batch {c.micro_batch}: {record['reason']}, measured peak "
+                   f"{record['measured_peak_bytes']:,} bytes"
+                   + ("" if record["kept"] else "; the planned artifact is kept"))
+    return record
+
+
+def record_variants(folder, best: str, results, rebuilt: dict | None = None) -> None:
+    """Each variant's outcome beside the chosen plan: its confirmed plan (micro-batch x
+    accumulation, measured step time and peak) or why it had none."""
+    import dataclasses
+
+    from edgetrain.manifest import load_manifest
+
+    variants = {}
+    for key, res in results.items():
+        c = res.chosen
+        variants[key] = ({"micro_batch": c.micro_batch,
+                          "accumulation_steps": c.accumulation_steps,
+                          "measured_step_time_s": c.measured_step_time_s,
+                          "measured_peak_bytes": c.measured_peak_bytes} if c
+                         else {"reason": res.reason})
+    m = load_manifest(folder)
+    search = {**m.provenance["plan_search"], "variant": best, "variants": variants,
+              "rebuilt_at_plan": rebuilt}
+    dataclasses.replace(m, provenance={**m.provenance, "plan_search": search}).write(folder)

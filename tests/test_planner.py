@@ -132,17 +132,20 @@ def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
 
 
 def test_export_plan_auto_searches_density_too(tmp_path):
-    """--plan-density adds a sparse twin to the search: both densities are planned, every
-    variant's outcome is recorded, and the artifact kept is the one whose confirmed plan
-    measured fastest, with its own masks (dense: none)."""
+    """--plan-density adds a sparse twin to the search, and --plan-weight-grad kept its
+    kept-gradients twin: every variant is planned and its outcome recorded, and the artifact
+    kept is the one whose confirmed plan measured fastest, with its own masks (dense: none)
+    and its own weight-gradient plan."""
     from conftest import cli
 
     out = tmp_path / "imu"
     r = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan", "auto", "--budget",
             "12MiB", "--recompute", "sqrt", "--micro-batch", "8", "--accumulate", "4",
-            "--plan-density", "0.5", "--plan-density", "1.0", "--out", out)
+            "--plan-density", "0.5", "--plan-density", "1.0", "--plan-weight-grad", "kept",
+            "--out", out)
     assert r.returncode == 0, r.stderr
-    keys = ["recompute sqrt, update all, density 1", "recompute sqrt, update all, density 0.5"]
+    keys = ["recompute sqrt, update all, density 1", "recompute sqrt, update all, density 0.5",
+            "recompute sqrt, update all, density 0.5, kept weight gradients"]  # sparse only
     for key in keys:
         assert f"plan search, {key}:" in r.stdout
     search = load_manifest(out).provenance["plan_search"]
@@ -150,7 +153,10 @@ def test_export_plan_auto_searches_density_too(tmp_path):
     timed = {k: v["measured_step_time_s"] for k, v in search["variants"].items()
              if "measured_step_time_s" in v}
     assert search["variant"] == min(timed, key=timed.get)
-    assert bool(load_manifest(out).masks) == search["variant"].endswith("0.5")
+    kept = load_manifest(out)
+    assert bool(kept.masks) == ("0.5" in search["variant"])
+    assert kept.plan.weight_grad == ("kept" if search["variant"].endswith("gradients") else
+                                     "dense")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imu"]
     bad = cli("export", "--model", "imu_cnn", "--epochs", "0", "--plan-density", "0.5",
               "--out", out)

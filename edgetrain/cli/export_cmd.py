@@ -92,10 +92,15 @@ def record_measured_peak(out, m):
                    "kept weights) or kept (computed at the kept weights only: less memory at "
                    "small micro-batches, a slower step). --plan auto tries kept when nothing "
                    "fits with dense.")
+@click.option("--plan-weight-grad", "plan_weight_grads", multiple=True,
+              type=click.Choice(["kept"]),
+              help="With --plan auto on a sparse artifact: also try each variant with kept-"
+                   "weights gradients (see --weight-grad).")
 @json_option
 def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
-           update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad, as_json):
+           update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
+           plan_weight_grads, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -135,12 +140,14 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                 m = record_measured_peak(Path(folder), m)
             return m
 
-        if (plan_updates or plan_densities) and plan_mode != "auto":
-            raise click.UsageError("--plan-update and --plan-density are for --plan auto")
+        if (plan_updates or plan_densities or plan_weight_grads) and plan_mode != "auto":
+            raise click.UsageError("--plan-update, --plan-density and --plan-weight-grad are "
+                                   "for --plan auto")
         m = build(out, recompute, update)
         if plan_mode == "auto":
             m = plan_over_variants(Path(out), m, build, recompute, update, plan_updates,
-                                   budget_bytes, as_json, density, plan_densities)
+                                   budget_bytes, as_json, density, plan_densities,
+                                   plan_weight_grads)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return

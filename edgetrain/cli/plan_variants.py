@@ -9,14 +9,15 @@ from edgetrain.budget import BudgetError
 
 def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates,
                        budget_bytes: int, quiet: bool, density: float = 1.0,
-                       extra_densities=()):
+                       extra_densities=(), extra_weight_grads=()):
     """export --plan auto: plan the artifact in `out` and its twins (recompute sqrt when no
-    recompute plan was given; each extra update plan; each extra density), keep the variant
-    whose confirmed plan measured fastest, write its plan there, and record every variant's
-    outcome in provenance["plan_search"]["variants"]. If no variant has a plan and the artifact
-    is sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
-    step stays the one the export describes. build(folder, recompute, update, density[,
-    weight_grad]) exports one twin."""
+    recompute plan was given; each extra update plan; each extra density; kept-weights
+    gradients when asked, on a sparse artifact), keep the variant whose confirmed plan
+    measured fastest, write its plan there, and record every variant's outcome in
+    provenance["plan_search"]["variants"]. If no variant has a plan and the artifact is
+    sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
+    step stays the one the export describes. build(folder, recompute, update, density,
+    weight_grad[, micro_batch, accumulation]) exports one twin."""
     import shutil
 
     from device_sim.planner import best_variant, plan, write_plan
@@ -26,27 +27,30 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     recomputes = [recompute] + (["sqrt"] if recompute == "none" else [])
     updates = [update] + [u for u in extra_updates if u != update]
     densities = [density] + [d for d in dict.fromkeys(extra_densities) if d != density]
-    folders, variants = {}, {}
+    grads = m.plan.weight_grad
+    kept_too = "kept" in extra_weight_grads and grads != "kept"
+    folders, variants, results = {}, {}, {}
+
+    def add(key: str, r: str, u: str, d: float, g: str) -> None:
+        i = len(folders)
+        folders[key] = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
+        variants[key] = (r, u, d, g)
+        if i:
+            build(folders[key], r, u, d, g)
+        results[key] = plan(folders[key], budget_bytes, step)
+
     try:
-        for i, (r, u, d) in enumerate((r, u, d) for u in updates for d in densities
-                                      for r in recomputes):
+        for r, u, d in ((r, u, d) for u in updates for d in densities for r in recomputes):
             key = f"recompute {r}, update {u}" + (f", density {d:g}" if len(densities) > 1
                                                   else "")
-            folders[key], variants[key] = (out if i == 0 else
-                                           out.parent / f".{out.name}.plan-{i}"), (r, u, d,
-                                                                                   "dense")
-            if i:
-                build(folders[key], r, u, d)
-        results = {k: plan(f, budget_bytes, step) for k, f in folders.items()}
-        if best_variant(results) is None and m.masks and m.plan.weight_grad == "dense":
+            add(key, r, u, d, grads)
+            if kept_too and d < 1:  # a dense twin has no masked layer
+                add(f"{key}, kept weight gradients", r, u, d, "kept")
+        if best_variant(results) is None and m.masks and grads == "dense" and not kept_too:
             # nothing fits: the kept-weights gradient (less memory, a slower step) as well
-            for i, key in enumerate(list(folders), start=len(folders)):
+            for key in list(folders):
                 r, u, d, _ = variants[key]
-                twin = f"{key}, kept weight gradients"
-                folders[twin], variants[twin] = out.parent / f".{out.name}.plan-{i}", (r, u, d,
-                                                                                       "kept")
-                build(folders[twin], r, u, d, "kept")
-                results[twin] = plan(folders[twin], budget_bytes, step)
+                add(f"{key}, kept weight gradients", r, u, d, "kept")
         for k, res in results.items():
             c = res.chosen
             if not quiet:
@@ -108,8 +112,8 @@ def rebuild_at_plan(out, folders, best: str, variant, results, build, budget_byt
         kept = got.step_time_s <= c.measured_step_time_s * REBUILT_SLOWER_RATIO
         record.update(measured_peak_bytes=got.peak_bytes, measured_step_time_s=got.step_time_s,
                       kept=kept, reason="fits" if kept else "slower")
-        if kept:
-            folders[best] = folder
+        if kept:  # the planned twin stays listed, so that it is removed with the others
+            folders[f"{best}, as planned"], folders[best] = folders[best], folder
             chosen = dataclasses.replace(c, predicted_peak_bytes=predicted["peak_bytes"],
                                          measured_peak_bytes=got.peak_bytes,
                                          measured_step_time_s=got.step_time_s)

@@ -17,13 +17,15 @@ so the rewrite computes exactly those:
     grad = ReduceSum(Mul(Gather(dY3, rows, axis 1), Gather(X3, cols, axis 1)), axes [0, 2])
 
 with dY3, X3 the [N, C, pixels] views. ConvGrad keeps its other outputs (dX, dB) and no longer
-writes dW. The two gathered tensors hold N x pixels x nnz floats each, so the rewrite is made
-only where they are together no larger than the dense dW at the plan's micro-batch:
-late layers at few pixels (patch MobileNet's 1 x 1 feature maps), never a full-image
-MobileNet's 7 x 7 ones at this density. The values are the same sums in another order (float
-rounding in the last bits). Any other pattern (a folded BatchNorm scaling dW, a strided or
-grouped convolution, shapes the graph does not state, a dW read by anything else) is left
-as it is.
+writes dW. The two gathered tensors hold N x pixels x nnz floats each, so the kept positions
+are taken in pieces (a Split; each piece's nodes listed together, so ORT runs one piece after
+the other) that each hold at most 1/PIECE_SHARE of the dense dW at the plan's micro-batch; a
+layer that would need more than MAX_PIECES keeps the dense gradient (on the patch
+MobileNet's 4 x 4 late maps at one patch, its two widest layers go in 11 and 7 pieces; a
+full-image MobileNet's 7 x 7 maps are not rewritten). The values are the same sums in another
+order (float rounding in the last bits). Any other pattern (a folded BatchNorm scaling dW, a
+strided or grouped convolution, shapes the graph does not state, a dW read by anything else)
+is left as it is.
 """
 from __future__ import annotations
 

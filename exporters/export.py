@@ -22,9 +22,8 @@ from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FIL
 from exporters.convbn import fold_conv_batchnorms
 from exporters.gradkernels import rewrite_training_model
 from exporters.norms import freeze_batchnorm_layers
-from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_scalar_shapes,
-                                 native_stderr_captured, optimizer_settings,
-                                 order_eval_weight_builds, torch_to_onnx)
+from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, native_stderr_captured,
+                                 optimizer_settings, torch_to_onnx)
 from exporters.operators import check_operators, explain_artifact_failure
 from exporters.predictor import predict
 from exporters.predictor.evaluated import forward_shapes
@@ -231,8 +230,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                                    INPUT_NAME):
         files[names.BATCHNORM_STATS_MODEL] = stats
 
-    fix_eval_scalar_shapes(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
-    order_eval_weight_builds(out / FILES[names.EVAL_MODEL])
+    fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

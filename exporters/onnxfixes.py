@@ -82,15 +82,25 @@ def fix_eval_batchnorm(path: Path) -> None:
     onnx.save(m, str(path))
 
 
-def fix_eval_scalar_shapes(eval_path: Path, training_path: Path) -> int:
+def fix_eval_graph(eval_path: Path, training_path: Path) -> dict[str, int]:
+    """The eval-graph fixes made once the training graph is final, in one load and save:
+    how many declarations fix_eval_scalar_shapes corrected and how many weights
+    order_eval_weight_builds tied to their layer's input."""
+    m = onnx.load(str(eval_path))
+    train = onnx.load(str(training_path), load_external_data=False)
+    done = {"shapes": fix_eval_scalar_shapes(m, train), "ordered": order_eval_weight_builds(m)}
+    if any(done.values()):
+        onnx.save(m, str(eval_path))
+    return done
+
+
+def fix_eval_scalar_shapes(m: onnx.ModelProto, train: onnx.ModelProto) -> int:
     """Give the eval graph's tensors declared without a shape the static shape the training
     graph declares. ORT's artifact builder declares a sparse layer's flat dense weight
     (Expand's zeros, the ScatterElements into them) with no shape in the eval graph; the inference
     model exported from it keeps that, so ORT cannot run the scatter in place there and holds
     the dense weight twice during the end-of-run inference check (measured: 4 MiB more on
-    the full-width patch MobileNet). Returns how many declarations were corrected."""
-    m = onnx.load(str(eval_path))
-    train = onnx.load(str(training_path), load_external_data=False)
+    the full-width patch MobileNet). In place; returns how many declarations were corrected."""
     shaped = {v.name: v for v in train.graph.value_info
               if v.type.tensor_type.shape.dim and all(d.HasField("dim_value")
                                                       for d in v.type.tensor_type.shape.dim)}
@@ -101,15 +111,13 @@ def fix_eval_scalar_shapes(eval_path: Path, training_path: Path) -> int:
                 shaped[v.name].type.tensor_type.elem_type == t.elem_type):
             v.CopyFrom(shaped[v.name])
             fixed += 1
-    if fixed:
-        onnx.save(m, str(eval_path))
     return fixed
 
 
 VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 
-def order_eval_weight_builds(eval_path: Path) -> int:
+def order_eval_weight_builds(m: onnx.ModelProto) -> int:
     """Make each sparse layer's dense weight, in the eval graph, wait for its layer's input.
 
     The eval graph builds a masked weight from initializers alone (Expand zeros, scatter the
@@ -118,8 +126,7 @@ def order_eval_weight_builds(eval_path: Path) -> int:
     without a memory pattern, then grew ResNet-50's arena (C4) by 41.9 MB. The zeros' scalar
     is rebuilt as Cast(Shape(X)[0:1]) * 0, X being the layer's input (a shape is always
     finite, so it is exactly 0), and the weight can then be built only once X exists, just
-    before it is read. Returns how many weights were tied to their input."""
-    m = onnx.load(str(eval_path))
+    before it is read. In place; returns how many weights were tied to their input."""
     g = m.graph
     producer = {o: n for n in g.node for o in n.output if o}
     readers: dict[str, list] = {}
@@ -158,8 +165,6 @@ def order_eval_weight_builds(eval_path: Path) -> int:
             g.node.insert(at + j, node)
         expand.input[0] = base
         tied += 1
-    if tied:
-        onnx.save(m, str(eval_path))
     return tied
 
 

@@ -77,3 +77,19 @@ def device_python(code: str, timeout: float = 300) -> dict:
                        timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def device_gradients(artifact: Path, x: np.ndarray, y: np.ndarray) -> dict:
+    """One training micro-batch of (x, y) on the artifact in a torch-free child: {"loss": the
+    runtime's loss, "grads": trainable name -> its gradient as nested lists}."""
+    batch = Path(artifact).parent / f"{Path(artifact).name}-batch.npz"
+    np.savez(batch, x=x, y=y)
+    return device_python(f"""
+import json, numpy as np
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(artifact)!r})
+z = np.load({str(batch)!r})
+loss = rt.train_micro_batch(z['x'], z['y'])
+print(json.dumps({{'loss': loss, 'grads': {{t.name: rt.state.parameters[t.name].grad.tolist()
+                                           for t in rt.manifest.trainable}}}}))
+""")

@@ -7,7 +7,7 @@ import onnx
 import torch
 from torch import nn
 
-from conftest import device_python
+from conftest import device_gradients
 from edgetrain.manifest import Plan
 from exporters.convbn import fold_conv_batchnorms
 from exporters.export import export_artifact
@@ -70,16 +70,7 @@ def test_a_folded_artifact_trains_with_torch_gradients(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, 4)
-    np.savez(tmp_path / "b.npz", x=x, y=y)
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(tmp_path / 'art')!r})
-z = np.load({str(tmp_path / 'b.npz')!r})
-loss = rt.train_micro_batch(z['x'], z['y'])
-print(json.dumps({{'loss': loss, 'grads': {{t.name: rt.state.parameters[t.name].grad.tolist()
-                                           for t in rt.manifest.trainable}}}}))
-""")
+    out = device_gradients(tmp_path / "art", x, y)
     ref = freeze_batchnorm_layers(model)
     loss = nn.functional.cross_entropy(ref(torch.from_numpy(x)), torch.from_numpy(y))
     loss.backward()

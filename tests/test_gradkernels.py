@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import device_python
+from conftest import device_gradients
 from exporters.gradkernels import (MLAS_CONV_BUFFER_BYTES_PER_THREAD, PEAK_SHARE,
                                    rewrite_depthwise_conv_grads, rewrite_relu_grads)
 
@@ -137,17 +137,8 @@ def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((m.plan.micro_batch, 3, 64, 64)).astype(np.float32)
     y = rng.integers(0, 3, m.plan.micro_batch)
-    np.savez(tmp_path / "b.npz", x=x, y=y)
     torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(tmp_path / 'art')!r})
-z = np.load({str(tmp_path / 'b.npz')!r})
-rt.train_micro_batch(z['x'], z['y'])
-print(json.dumps({{t.name: rt.state.parameters[t.name].grad.tolist()
-                  for t in rt.manifest.trainable}}))
-""")
+    out = device_gradients(tmp_path / "art", x, y)["grads"]
     for name, p in model.named_parameters():  # float32 sums over 4 x 64 x 64 pixels
         np.testing.assert_allclose(np.array(out[name]), p.grad.numpy(), rtol=1e-3, atol=1e-5,
                                    err_msg=name)

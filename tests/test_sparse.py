@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 import torch
 from torch import nn
 
-from conftest import cli, device_python
+from conftest import cli, device_gradients
 from edgetrain import names
 from edgetrain.budget import arena_rounded
 from edgetrain.manifest import Plan, load_manifest
@@ -94,16 +94,7 @@ def test_ort_gradients_of_kept_values_equal_torch(tmp_path):
     y = np.array([0, 1, 2, 3])
     loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
     loss.backward()
-    np.savez(tmp_path / "b.npz", x=x, y=y)
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(tmp_path / 'a')!r})
-z = np.load({str(tmp_path / 'b.npz')!r})
-loss = rt.train_micro_batch(z['x'], z['y'])
-print(json.dumps({{'loss': loss, 'grads': {{t.name: rt.state.parameters[t.name].grad.tolist()
-                                          for t in rt.manifest.trainable}}}}))
-""")
+    out = device_gradients(tmp_path / "a", x, y)
     assert abs(out["loss"] - loss.item()) < 1e-5
     for name, p in model.named_parameters():
         assert np.array(out["grads"][name]).shape == tuple(p.shape)

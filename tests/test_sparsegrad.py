@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import cli, device_python
+from conftest import cli, device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
 from exporters.sparse import sparsify
@@ -52,16 +52,7 @@ def test_kept_gradients_equal_torch_and_the_3x3_layer_stays(tmp_path):
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     y = np.array([0, 3])
     nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    np.savez(tmp_path / "b.npz", x=x, y=y)
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(tmp_path / 'a')!r})
-z = np.load({str(tmp_path / 'b.npz')!r})
-rt.train_micro_batch(z['x'], z['y'])
-print(json.dumps({{t.name: rt.state.parameters[t.name].grad.tolist()
-                  for t in rt.manifest.trainable}}))
-""")
+    out = device_gradients(tmp_path / "a", x, y)["grads"]
     for name, p in model.named_parameters():
         np.testing.assert_allclose(out[name], p.grad.numpy(), rtol=1e-4, atol=1e-7,
                                    err_msg=name)

@@ -101,7 +101,7 @@ def rebuild_at_plan(out, folders, best: str, variant, results, build, budget_byt
         return None
     folder = out.parent / f".{out.name}.plan-at-plan"
     folders[f"{best}, rebuilt"] = folder
-    build(folder, *variant[:3], variant[3], c.micro_batch, c.accumulation_steps)
+    build(folder, *variant, c.micro_batch, c.accumulation_steps)
     predicted = load_manifest(folder).predicted
     record = {"micro_batch": c.micro_batch, "predicted_peak_bytes": predicted["peak_bytes"]}
     try:

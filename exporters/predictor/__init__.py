@@ -20,7 +20,6 @@ from pathlib import Path
 
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
-from edgetrain.sessions import TRAINING_MEMORY_REUSE
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
@@ -42,8 +41,8 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
-    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear", "Div",
-    "Dropout", "DropoutGrad",
+    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear",
+    "Div", "Dropout", "DropoutGrad",
     "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
     "Identity",
@@ -150,8 +149,7 @@ def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
     """The step's plan in both orders of Shape nodes, each with its activation bytes: the
     memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
     prediction claims the larger."""
-    plans = [plan_step(train, batch, known, hoist_shapes=h, memory_reuse=TRAINING_MEMORY_REUSE)
-             for h in (False, True)]
+    plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
     return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
             for p in plans]
 

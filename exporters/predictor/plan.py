@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgetrain.sessions import TRAINING_MEMORY_REUSE
 from exporters.graph import ALIAS_OPS, drop_identities, execution_order
 from exporters.predictor.ortgraph import SymbolicShapes, node_arg_shapes, optimized_graph
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
@@ -80,9 +81,11 @@ def same_shape(a, b) -> bool:
 
 
 def plan_step(path: str, batch: int, known: Shapes | None = None,
-              hoist_shapes: bool = False, memory_reuse: bool = True) -> StepPlan:
+              hoist_shapes: bool = False,
+              memory_reuse: bool = TRAINING_MEMORY_REUSE) -> StepPlan:
     """Simulate ORT's plan for one training step of the training graph at `path`.
-    known: forward tensor shapes found by running the eval graph (evaluated.py)."""
+    known: forward tensor shapes found by running the eval graph (evaluated.py).
+    memory_reuse: ORT's buffer reuse, as the runtime's training session sets it."""
     model = optimized_graph(path)
     nodes, _ = drop_identities(model)
     order = execution_order(nodes)
@@ -102,7 +105,7 @@ class _Reuse:
     end: dict  # buffer -> index in order after which it is freed
 
 
-def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool = True) -> _Reuse:
+def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool) -> _Reuse:
     inputs = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     use: dict[str, int] = {}

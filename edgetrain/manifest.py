@@ -55,6 +55,10 @@ class Plan:
     # masked weights' gradients (exporters/sparsegrad.py): "dense", ORT's dense dW read at the
     # kept positions; "kept": computed at the kept positions only, where the layer allows
     weight_grad: str = "dense"
+    # channels a block of ORT's NCHWc kernels holds on the exporting machine, when the
+    # training graph's depthwise convolutions run in them (exporters/nchwc.py); 0: they do
+    # not. The runtime refuses the artifact where its ORT uses another block.
+    nchwc_block: int = 0
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ GRAD_SUFFIX = "_grad"
 MASK_VALUES_SUFFIX, MASK_POSITIONS_SUFFIX = "_values", "_positions"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
+# ONNX Runtime's blocked-channel kernels (ReorderInput, Conv, ReorderOutput): the training
+# graph's depthwise convolutions run in them (exporters/nchwc.py, edgetrain/nchwcprobe.py).
+NCHWC_DOMAIN = "com.microsoft.nchwc"
 # BatchNorm running statistics, estimated by the BatchNorm-statistics graph.
 RUNNING_STATS = ("running_mean", "running_var")
 

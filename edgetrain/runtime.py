@@ -21,6 +21,7 @@ from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, fixes
                              with_prediction)
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
+from edgetrain.nchwcprobe import refusal
 from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
@@ -60,6 +61,9 @@ class DeviceRuntime:
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
+        refused = refusal(m.plan.nchwc_block, self._ort)  # a plain session: before the cap
+        if refused:
+            raise ArtifactError(refused)
         install_arena(self._ort, self.split.arena_cap_bytes if self.split else None)
         _OPENED = True
         self.threads = runtime_threads(m, threads)

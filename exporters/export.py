@@ -21,6 +21,7 @@ from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, Tensor
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
 from exporters.convbn import fold_conv_batchnorms
 from exporters.gradkernels import rewrite_training_model
+from exporters.nchwc import host_block, rewrite_nchwc_file
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, native_stderr_captured,
                                  optimizer_settings, torch_to_onnx)
@@ -53,7 +54,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     recompute_budget_bytes: int | None = None, density: float = 1.0,
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
                     mask_seed: int = 0, layout: str | None = None,
-                    update: str | None = None, int8_frozen: bool = False) -> Manifest:
+                    update: str | None = None, int8_frozen: bool = False,
+                    nchwc: bool = True) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -74,6 +76,9 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     artifact then holds only the kept values and their positions (manifest `masks`).
     layout: the sample's axes, one letter each ("CHW", "CT", "TF"); default "CHW" for a 3-D
     sample, else unnamed.
+    nchwc: run the training graph's 2-D depthwise convolutions in ONNX Runtime's NCHWc
+    kernels of this machine's block (exporters/nchwc.py; plan.nchwc_block records the block,
+    0 when none was rewritten).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +92,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                                 recompute_budget_bytes=recompute_budget_bytes,
                                 density=density, mask_allocation=mask_allocation,
                                 mask_init=mask_init, mask_seed=mask_seed, layout=layout,
-                                update=update, int8_frozen=int8_frozen)
+                                update=update, int8_frozen=int8_frozen, nchwc=nchwc)
         _replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -113,7 +118,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                  preprocess_args, provenance, freeze_batchnorm: bool, recompute: str,
                  recompute_budget_bytes, density: float, mask_allocation: str, mask_init: str,
                  mask_seed: int, layout: str | None, update: str | None,
-                 int8_frozen: bool) -> Manifest:
+                 int8_frozen: bool, nchwc: bool) -> Manifest:
     """export_artifact's work, written into the (empty, temporary) folder `out`."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
@@ -231,6 +236,11 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files[names.BATCHNORM_STATS_MODEL] = stats
 
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
+    if nchwc:
+        gradient_rewrites["Conv_nchwc"] = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
+                                                             plan.micro_batch)
+        if gradient_rewrites["Conv_nchwc"]:
+            plan = dataclasses.replace(plan, nchwc_block=host_block())
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

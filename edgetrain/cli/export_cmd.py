@@ -96,11 +96,15 @@ def record_measured_peak(out, m):
               type=click.Choice(["kept"]),
               help="With --plan auto on a sparse artifact: also try each variant with kept-"
                    "weights gradients (see --weight-grad).")
+@click.option("--nchwc/--no-nchwc", default=True, show_default=True,
+              help="Run 2-D depthwise convolutions in ONNX Runtime's NCHWc kernels (faster; "
+                   "the artifact then needs a device whose ORT uses this machine's NCHWc "
+                   "block, which the runtime checks).")
 @json_option
 def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, as_json):
+           plan_weight_grads, nchwc, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -134,7 +138,7 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                              recompute_budget_bytes=budget_bytes
                              if recompute_plan == "budget" else None,
                              update=update_plan, update_budget_bytes=budget_bytes,
-                             int8_frozen=int8_frozen, density=kept,
+                             int8_frozen=int8_frozen, density=kept, nchwc=nchwc,
                              mask_allocation=mask_allocation, mask_init=mask_init)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)

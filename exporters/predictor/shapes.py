@@ -14,6 +14,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from edgetrain import names
+from edgetrain.names import NCHWC_DOMAIN
 
 # Ops whose outputs ONNX shape inference leaves unsized (gradient helpers included) and that
 # we size by broadcasting their inputs.
@@ -90,6 +91,10 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
                 for a in sorted(int(a) for a in consts[n.input[1]]):
                     shape.insert(a if a >= 0 else len(shape) + a + 1, 1)
                 out[o] = (tuple(shape), out[n.input[0]][1])
+            elif n.domain == NCHWC_DOMAIN and k == 0 and n.input[0] in out:
+                shape = _nchwc_shape(n, out)
+                if shape is not None:
+                    out[o] = (shape, out[n.input[0]][1])
             elif n.op_type == "ConvGrad":
                 base = [n.input[1], n.input[2], n.input[2]][k]
                 if base in out:
@@ -116,6 +121,27 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
 
 
 _PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
+
+
+def _nchwc_shape(node, out: Shapes) -> tuple[int, ...] | None:
+    """The logical [N, C, H, W] output of ORT's NCHWc ops (exporters/nchwc.py writes them for
+    channel counts every block divides, so ReorderInput keeps its input's shape)."""
+    x = out[node.input[0]][0]
+    if node.op_type == "ReorderInput":
+        return x
+    if node.op_type == "ReorderOutput":
+        return (x[0], int(_attr(node, "channels", x[1]))) + tuple(x[2:])
+    if node.op_type != "Conv" or node.input[1] not in out:
+        return None
+    w = out[node.input[1]][0]
+    kernel = _attr(node, "kernel_shape", list(w[2:]))
+    rank = len(kernel)
+    strides = _attr(node, "strides", [1] * rank)
+    dilations = _attr(node, "dilations", [1] * rank)
+    pads = _attr(node, "pads", [0] * 2 * rank)
+    spatial = [(x[2 + i] + pads[i] + pads[i + rank] - dilations[i] * (kernel[i] - 1) - 1)
+               // strides[i] + 1 for i in range(rank)]
+    return (x[0], w[0], *spatial)
 
 
 def _attr(node, name: str, default=None):

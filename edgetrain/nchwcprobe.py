@@ -6,9 +6,7 @@ elsewhere. No API reports it, so a 4-channel tensor is reordered and the padded 
 read back. The device side has no onnx package: the probe graph (one ReorderInput of a
 [1, 4, 1, 1] float input `x` to `y`, opset 17 and com.microsoft.nchwc 1, IR 8) is kept as its
 136 serialized bytes; tests/test_nchwc.py builds it with onnx and compares. The probe's
-session is a plain one without an arena (not the capped env arena, and no arena region of its
-own for the allocator log to count): a few hundred bytes, freed before the runtime installs
-its cap.
+session is a plain one (not the capped env arena), opened before the runtime installs its cap.
 """
 from __future__ import annotations
 
@@ -25,7 +23,9 @@ def nchwc_block(ort) -> int:
     """The NCHWc block of the `ort` module's CPU provider; 0 when it has no NCHWc kernels."""
     so = ort.SessionOptions()
     so.log_severity_level = 4
-    so.enable_cpu_mem_arena = False  # plain allocations: no arena region beside the capped one
+    # with ORT's arena: without one, MLAS's ReorderInput corrupted the heap (glibc aborted a
+    # later allocation; reproduced 2026-11-25). The arena's region is counted by the
+    # allocator log: an artifact with NCHWc kernels measures about 1 MiB above its prediction.
     try:
         s = ort.InferenceSession(PROBE_MODEL, so, providers=["CPUExecutionProvider"])
         return int(s.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1])

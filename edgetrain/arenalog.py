@@ -18,6 +18,10 @@ from __future__ import annotations
 import re
 
 MARK = "EDGETRAIN-PHASE "
+# A phase whose arena lines are not the training working set: the runtime's NCHWc block probe
+# (edgetrain/nchwcprobe.py), an inference session with its own arena, freed before the runtime
+# installs its cap.
+PROBE_PHASE = "probe"
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 _EXTENDING = re.compile(r"Extending BFCArena for \w+\. .*rounded_bytes:(\d+)")
 _EXTENDED = re.compile(r"Extended allocation by (\d+) bytes\.")
@@ -37,6 +41,8 @@ def parse_arena_log(text: str) -> tuple[int, int, dict]:
     for line in text.splitlines():
         if line.startswith(MARK):
             phase = line[len(MARK):].strip()
+            continue
+        if phase == PROBE_PHASE:
             continue
         if m := _RESERVE.search(line):
             # Session initializers (constants of the graphs) reserved in the env arena. A

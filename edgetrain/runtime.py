@@ -21,7 +21,7 @@ from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, fixes
                              with_prediction)
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.maskupdate import update_masks
-from edgetrain.nchwcprobe import refusal
+from edgetrain.nchwcprobe import check_block
 from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
@@ -61,9 +61,8 @@ class DeviceRuntime:
                       if budget_bytes is not None else None)
         training_api()  # imported before the arena is installed
         self._ort = onnxruntime()
-        refused = refusal(m.plan.nchwc_block, self._ort)  # a plain session: before the cap
-        if refused:
-            raise ArtifactError(refused)
+        self._phase = on_phase or (lambda name: None)  # measurement marks where bytes go
+        check_block(m.plan.nchwc_block, self._ort, self._phase)  # before the cap
         install_arena(self._ort, self.split.arena_cap_bytes if self.split else None)
         _OPENED = True
         self.threads = runtime_threads(m, threads)
@@ -71,8 +70,7 @@ class DeviceRuntime:
         # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
         self.min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         refuse_odd_checkpoint(self._files[names.CHECKPOINT], m, "the artifact's checkpoint")
-        self._phase = on_phase or (lambda name: None)  # measurement marks where bytes go
-        self._load(self._files[names.CHECKPOINT], on_phase)
+        self._load(self._files[names.CHECKPOINT], self._phase)
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
@@ -90,10 +88,9 @@ class DeviceRuntime:
         """Sessions opened once training has grown the arena: no memory pattern (sessions.py)."""
         return session_options(self._ort, self.threads, memory_pattern=False)
 
-    def _load(self, checkpoint: str, on_phase=None) -> None:
+    def _load(self, checkpoint: str, phase=lambda name: None) -> None:
         """(Re)build state, module and optimizer from a checkpoint; old ones are freed first."""
         api, files = training_api(), self._files
-        phase = on_phase or (lambda name: None)  # measurement marks where bytes go
         self.optimizer = self.module = self.state = None
         try:
             phase("parameters")
@@ -296,8 +293,7 @@ class DeviceRuntime:
         """Free the training Module and optimizer (their gradients, moments and activations
         return to the arena's free space, where an inference session's weights then fit).
         Afterwards only inference_logits and save_checkpoint work."""
-        self.optimizer = self.module = None
-        self.side = None
+        self.optimizer = self.module = self.side = None
         trim_heap()
 
 

@@ -55,7 +55,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
                     mask_seed: int = 0, layout: str | None = None,
                     update: str | None = None, int8_frozen: bool = False,
-                    nchwc: bool = False) -> Manifest:
+                    nchwc: bool = True) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.

@@ -47,17 +47,15 @@ CHANNEL_MULTIPLE = 16  # a layer's channels must be a multiple of every block ML
 
 @functools.lru_cache(maxsize=1)
 def host_block() -> int:
-    """The NCHWc block of this machine's ORT (channels MLAS keeps innermost), 0 when its CPU
-    provider has no NCHWc kernels. Found by reordering a 4-channel tensor: ORT pads the
-    channels to one block."""
+    """This machine's NCHWc block (edgetrain.nchwcprobe), found once per process."""
     import onnxruntime as ort
 
     return nchwc_block(ort)
 
 
-def _depthwise(node, shapes) -> tuple[list, list, dict] | None:
-    """(X shape, W shape, attributes) of a 2-D depthwise Conv whose channels the NCHWc kernels
-    take, else None."""
+def _depthwise(node, shapes) -> tuple[list, dict] | None:
+    """(W shape, attributes) of a 2-D depthwise Conv whose channels the NCHWc kernels take,
+    else None."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
         return None
     x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
@@ -73,7 +71,7 @@ def _depthwise(node, shapes) -> tuple[list, list, dict] | None:
     a.setdefault("kernel_shape", list(w[2:]))
     a.setdefault("strides", [1, 1])
     a.setdefault("pads", [0, 0, 0, 0])
-    return x, w, a
+    return w, a
 
 
 class _Builder:
@@ -113,8 +111,7 @@ class _Builder:
                                    [y + SUFFIX + "_out"], name=base + "/conv",
                                    domain=NCHWC_DOMAIN, group=c,
                                    kernel_shape=list(a["kernel_shape"]),
-                                   strides=list(a["strides"]), pads=list(a["pads"]),
-                                   dilations=list(a.get("dilations", [1, 1]))),
+                                   strides=list(a["strides"]), pads=list(a["pads"])),
                   helper.make_node("ReorderOutput", [y + SUFFIX + "_out"], [y],
                                    name=base + "/out", domain=NCHWC_DOMAIN, channels=c)]
 
@@ -133,7 +130,7 @@ def rewrite_depthwise_nchwc(model: onnx.ModelProto, shapes: dict, block: int) ->
         if found is None:
             out.append(node)
             continue
-        x, w, a = found
+        w, a = found
         b.conv(node.input[0], node.input[1], w, node.input[2] if len(node.input) > 2 and
                node.input[2] else None, node.output[0], a, (node.name or node.output[0])
                + SUFFIX, out)

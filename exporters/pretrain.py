@@ -146,7 +146,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
                  update: str | None = None, update_budget_bytes: int | None = None,
-                 int8_frozen: bool = False, nchwc: bool = False, **mask_options) -> Manifest:
+                 int8_frozen: bool = False, nchwc: bool = True, **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
 
     update: the update plan (exporters/updateplans.py); None trains every parameter; "auto"

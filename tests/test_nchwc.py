@@ -1,7 +1,6 @@
 """Depthwise convolutions in ORT's NCHWc kernels (exporters/nchwc.py): the block probe, the
 rewrite's values and gradients against ORT's own kernels, the predictor's sizes, the
 runtime's refusal of another block."""
-import dataclasses
 import json
 
 import numpy as np
@@ -11,9 +10,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from edgetrain.manifest import Plan, load_manifest
+from edgetrain.manifest import ArtifactError, Plan, load_manifest
 from edgetrain.names import NCHWC_DOMAIN
-from edgetrain.nchwcprobe import PROBE_MODEL, nchwc_block, refusal
+from edgetrain.nchwcprobe import PROBE_MODEL, check_block, nchwc_block
 from exporters.export import export_artifact
 from exporters.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
@@ -36,14 +35,17 @@ def test_probe_model_is_the_documented_graph():
     assert nchwc_block(ort) in (0, 4, 8, 16)
 
 
-def test_refusal_names_both_blocks():
-    assert refusal(0, ort) == ""
+def test_check_block_names_both_blocks_and_marks_its_probe():
+    marks = []
+    check_block(0, ort, marks.append)
+    assert marks == []  # no NCHWc nodes: nothing probed
     here = nchwc_block(ort)
     other = 8 if here == 16 else 16
-    why = refusal(other, ort)
-    assert f"{other}-channel blocks" in why and "export it again" in why
+    with pytest.raises(ArtifactError, match=f"{other}-channel blocks.*export it again"):
+        check_block(other, ort, marks.append)
+    assert marks == ["probe"]
     if here:
-        assert refusal(here, ort) == ""
+        check_block(here, ort)
 
 
 def _depthwise_model(channels: int, size: int, stride: int, bias: bool) -> onnx.ModelProto:
@@ -138,7 +140,7 @@ def test_runtime_refuses_another_block(tmp_path):
     torch.manual_seed(0)
     out = tmp_path / "a"
     export_artifact(_DepthwiseNet(), torch.zeros(2, 3, 12, 12), out, classes=list("abcd"),
-                    plan=Plan(micro_batch=2), nchwc=True)
+                    plan=Plan(micro_batch=2))
     m = load_manifest(out)
     other = 8 if m.plan.nchwc_block == 16 else 16
     d = json.loads((out / "manifest.json").read_text())
@@ -150,4 +152,4 @@ def test_runtime_refuses_another_block(tmp_path):
 from edgetrain.runtime import DeviceRuntime
 DeviceRuntime({str(out)!r})
 """)
-    assert dataclasses.asdict(m.plan)["nchwc_block"] == host_block()
+    assert m.plan.nchwc_block == host_block()

@@ -96,7 +96,7 @@ def record_measured_peak(out, m):
               type=click.Choice(["kept"]),
               help="With --plan auto on a sparse artifact: also try each variant with kept-"
                    "weights gradients (see --weight-grad).")
-@click.option("--nchwc/--no-nchwc", default=False, show_default=True,
+@click.option("--nchwc/--no-nchwc", default=True, show_default=True,
               help="Run 2-D depthwise convolutions in ONNX Runtime's NCHWc kernels (faster; "
                    "the artifact then needs a device whose ORT uses this machine's NCHWc "
                    "block, which the runtime checks).")

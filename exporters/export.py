@@ -236,11 +236,11 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files[names.BATCHNORM_STATS_MODEL] = stats
 
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
-    if nchwc:
-        gradient_rewrites["Conv_nchwc"] = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
-                                                             plan.micro_batch)
-        if gradient_rewrites["Conv_nchwc"]:
-            plan = dataclasses.replace(plan, nchwc_block=host_block())
+    nchwc_convs = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
+                                     plan.micro_batch) if nchwc else 0
+    if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
+        gradient_rewrites["Conv_nchwc"] = nchwc_convs
+        plan = dataclasses.replace(plan, nchwc_block=host_block())
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

@@ -33,10 +33,10 @@ METHOD = ("graph plan on ORT's optimised graph: execution order, reuse plan, mem
 ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ this much
 
 
-# Operators whose run-time memory the predictor models (the NCHWc domain's Conv, ReorderInput
-# and ReorderOutput among them: exporters/nchwc.py) (their kernels allocate nothing from
-# the arena beyond their outputs, or what scratch.py replays), checked against the allocator
-# on the seed networks (dense and sparse) and the layer families of
+# Operators whose run-time memory the predictor models (their kernels allocate nothing from
+# the arena beyond their outputs, or what scratch.py replays; "Conv" covers the NCHWc
+# domain's too, with ReorderInput and ReorderOutput: exporters/nchwc.py), checked against the
+# allocator on the seed networks (dense and sparse) and the layer families of
 # tests/wearable_models.py: convolutions, norms, pooling, activations, attention (MatMul,
 # Softmax, Transpose, Gather), embeddings. A training graph with any other operator
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
@@ -50,7 +50,8 @@ MODELLED_OPS = frozenset({
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual",
     "MatMul", "MaxPool", "MaxPoolGrad", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",
-    "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape", "Size", "Slice", "SliceGrad",
+    "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape",
+    "Size", "Slice", "SliceGrad",
     "Sign", "Softmax", "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad",
     "SoftmaxGrad_13",
     "Split", "SplitTraining", "Sqrt", "Squeeze", "Sub", "Sum", "Transpose", "Unsqueeze"})

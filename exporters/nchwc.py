@@ -15,8 +15,9 @@ and gradkernels' input-gradient Convs (dY with the kernel reversed):
     innermost): Reshape [C/block, block, kh*kw], Transpose, Reshape back; a few thousand
     floats, computed once per weight tensor and call.
 
-Measured on this machine (bench/nchwc.py): the 1024-channel 4x4 layer at 28 patches 3.2 ->
-0.28 ms with both reorders, 32 channels at 32x32 1.2 -> 0.96 ms. The reorders cost two copies
+Measured (bench/nchwc.py, AVX-512): the 1024-channel 4x4 layer at 28 patches 3.24 -> 0.13 ms
+with both reorders, 32 channels at 32x32 1.21 -> 0.46 ms; C6's step 1.2x (one patch) to 1.4x
+(28) faster. The reorders cost two copies
 of the layer's input and output while it runs (the memory predictor models them as any
 tensors of the graph). The weight gradients stay with ORT's ConvGrad: a stacked NCHWc form
 was 3x faster on 4x4 maps but its Pad nodes (ORT's Pad is slow on short rows) and strided

@@ -59,6 +59,9 @@ class Plan:
     # training graph's depthwise convolutions run in them (exporters/nchwc.py); 0: they do
     # not. The runtime refuses the artifact where its ORT uses another block.
     nchwc_block: int = 0
+    # how masked weights are rebuilt dense on each call (exporters/densebuild.py): "unpool",
+    # one MaxUnpool; "scatter", Expand + ScatterElements (manifests written before: scatter)
+    dense_build: str = "unpool"
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ def _plan(d: dict) -> Plan:
     d = dict(d)
     for key in ("checkpoints", "recomputed", "frozen_int8"):
         d[key] = tuple(d.get(key, ()))
+    d.setdefault("dense_build", "scatter")
     plan = Plan(**d)
     if not isinstance(plan.threads, int) or plan.threads < 1:
         raise ArtifactError(f"manifest plan.threads is {plan.threads!r}, not a positive whole "

@@ -20,6 +20,7 @@ from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
 from exporters.convbn import fold_conv_batchnorms
+from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
 from exporters.nchwc import host_block, rewrite_nchwc_file
 from exporters.norms import freeze_batchnorm_layers
@@ -127,6 +128,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     if plan.weight_grad not in WEIGHT_GRADS:
         raise ValueError(f"weight gradient {plan.weight_grad!r} is not one of {WEIGHT_GRADS}; "
                          "'kept' computes a masked layer's gradient at its kept weights only")
+    if plan.dense_build not in DENSE_BUILDS:
+        raise ValueError(f"dense build {plan.dense_build!r} is not one of {DENSE_BUILDS}")
     model = rewrite_for_training(model)
     if freeze_batchnorm:
         model = freeze_batchnorm_layers(model)
@@ -236,6 +239,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files[names.BATCHNORM_STATS_MODEL] = stats
 
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
+    dense_unpools = rewrite_dense_builds_file(
+        out / FILES[names.TRAINING_MODEL]) if plan.dense_build == "unpool" else 0
     nchwc_convs = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
                                      plan.micro_batch) if nchwc else 0
     if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
@@ -251,7 +256,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         optimizer=optimizer, predicted=predicted,
         provenance={**(provenance or {}), "gradient_rewrites": gradient_rewrites,
                     "folded_conv_batchnorms": folded,
-                    "int32_scatter_indices": index_casts},
+                    "int32_scatter_indices": index_casts,
+                    "dense_weight_unpools": dense_unpools},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)

@@ -100,11 +100,15 @@ def record_measured_peak(out, m):
               help="Run 2-D depthwise convolutions in ONNX Runtime's NCHWc kernels (faster; "
                    "the artifact then needs a device whose ORT uses this machine's NCHWc "
                    "block, which the runtime checks).")
+@click.option("--dense-build", type=click.Choice(["unpool", "scatter"]), default="unpool",
+              show_default=True,
+              help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
+                   "one buffer) or Expand + ScatterElements (the export before this option).")
 @json_option
 def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, nchwc, as_json):
+           plan_weight_grads, nchwc, dense_build, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -126,7 +130,8 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs, also_held_out=subjects(also_holdout))
-        plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads)
+        plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
+                    dense_build=dense_build)
 
         def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad,
                   micro=micro_batch, accumulation=accumulate):

@@ -23,6 +23,7 @@ from exporters.convbn import fold_conv_batchnorms
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
 from exporters.nchwc import host_block, rewrite_nchwc_file
+from exporters.pointwisegrad import rewrite_pointwise_grads_file
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, native_stderr_captured,
                                  optimizer_settings, torch_to_onnx)
@@ -241,6 +242,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
     dense_unpools = rewrite_dense_builds_file(
         out / FILES[names.TRAINING_MODEL]) if plan.dense_build == "unpool" else 0
+    split = rewrite_pointwise_grads_file(out / FILES[names.TRAINING_MODEL])
+    if split:  # computed weights' pointwise ConvGrads: dX first, then dW in W's place
+        gradient_rewrites["ConvGrad_pointwise_split"] = split
     nchwc_convs = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
                                      plan.micro_batch) if nchwc else 0
     if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is

@@ -115,6 +115,10 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
                 out[o] = ((max(ranks, default=8),), 8)
             elif n.op_type == "ReduceSumTraining" and n.input[0] in out:
                 out[o] = out[n.input[0]]  # axes known only at run time: at most its input
+            elif n.op_type == "Transpose" and n.input[0] in out:
+                shape = out[n.input[0]][0]
+                perm = _attr(n, "perm") or list(range(len(shape)))[::-1]
+                out[o] = (tuple(shape[int(a)] for a in perm), out[n.input[0]][1])
             elif (n.op_type == "Reshape" and n.input[0] in out and n.input[1] in consts):
                 out[o] = (_reshaped(out[n.input[0]][0], consts[n.input[1]]), out[n.input[0]][1])
     return out

@@ -1,0 +1,131 @@
+"""A pointwise convolution's gradients in two steps, so that a weight built on each call dies
+before its gradient is made.
+
+ORT's ConvGrad(dY, X, W) -> (dX, dW, dB) makes dW while W is alive: both are live at once.
+For a masked layer W is a dense weight rebuilt from its kept values (exporters/sparse.py,
+densebuild.py), and dW a dense tensor of the same size read back at the kept positions, so
+C6's 1024 x 1024 pointwise layer held 8 MB at the step's peak where either alone is 4 MB
+(the memory pattern then kept both slots for the whole step). For a pointwise convolution
+(a 1 x 1 kernel, stride 1, one group, no padding; [N, C, *pixels] flattened to [N, C, P])
+both gradients are matrix products:
+
+    dX[n] = W^T dY[n]                   FusedMatMul(W2, dY3, transA=1)     [N, C_in, P]
+    dW    = sum_n dY[n] X[n]^T          FusedMatMul(dYt, Xt, transB=1)     [C_out, C_in]
+            with dYt = [C_out, N*P] and Xt = [C_in, N*P] (Transpose [1, 0, 2], Reshape)
+    dB    = ReduceSum(dY, all axes but 1)
+
+dX is computed first; dY reaches the dW product through PassThrough(dY3, dX3), so ORT runs it
+after dX, when W's last reader has run and W's buffer is free. The weight gradient's memory
+then takes W's place. Rewritten: ConvGrads of such convolutions whose W is computed in the
+graph (not a parameter or constant: those live all step anyway), whose dX and dW are both
+used, and whose pixels the graph states. Values are the same sums in another order (float
+rounding in the last bits).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from exporters.graph import attributes, stated_shapes
+
+SUFFIX = "_pwgrad"
+MS_DOMAIN = "com.microsoft"
+
+
+def _pointwise(node, shapes: dict, computed: set[str]) -> tuple[int, int, list] | None:
+    """(C_out, C_in, pixel dims) if `node` is such a ConvGrad (see the module), else None."""
+    if node.op_type != "ConvGrad" or len(node.output) < 2:
+        return None
+    if not node.output[0] or not node.output[1] or node.input[2] not in computed:
+        return None
+    a = attributes(node)
+    x, w = shapes.get(node.input[1]), shapes.get(node.input[2])
+    if not x or not w or len(x) != len(w) or len(w) < 3 or None in w or None in x[1:]:
+        return None
+    if int(a.get("group", 1)) != 1 or any(k != 1 for k in w[2:]) or x[1] != w[1]:
+        return None
+    if any(int(v) != 1 for v in list(a.get("strides", [])) + list(a.get("dilations", []))):
+        return None
+    if any(int(v) != 0 for v in a.get("pads", [])) or a.get("auto_pad", b"NOTSET") not in (
+            b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        return None
+    return int(w[0]), int(w[1]), [int(d) for d in x[2:]]
+
+
+def rewrite_pointwise_grads(model: onnx.ModelProto) -> int:
+    """Split each such ConvGrad (see the module's docstring), in place and in its position of
+    the node list. Returns how many were rewritten."""
+    graph = model.graph
+    shapes = stated_shapes(model)
+    computed = {o for n in graph.node for o in n.output if o}
+    used = {x for n in graph.node for x in n.input} | {o.name for o in graph.output}
+    out, count = [], 0
+    for node in graph.node:
+        found = _pointwise(node, shapes, computed)
+        if found is None or node.output[0] not in used or node.output[1] not in used:
+            out.append(node)
+            continue
+        out += _nodes(node, *found, graph)
+        count += 1
+    if count:
+        del graph.node[:]
+        graph.node.extend(out)
+        if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return count
+
+
+def _const(graph, name: str, values: list[int]) -> str:
+    if not any(t.name == name for t in graph.initializer):
+        graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+    return name
+
+
+def _nodes(g, c_out: int, c_in: int, pixels: list, graph) -> list:
+    dy, x, w = g.input[0], g.input[1], g.input[2]
+    dx, dw = g.output[0], g.output[1]
+    b = (g.name or dx) + SUFFIX
+    view = _const(graph, "pwgrad_view", [0, 0, -1])  # [N, C, *pixels] -> [N, C, P]
+    rows = _const(graph, "pwgrad_rows", [0, -1])  # [C, N, P] -> [C, N*P]
+    nodes = [
+        helper.make_node("Reshape", [dy, view], [b + "/dy3"], b + "/dy3"),
+        helper.make_node("Reshape", [w, _const(graph, f"pwgrad_w_{c_out}_{c_in}",
+                                               [c_out, c_in])], [b + "/w2"], b + "/w2"),
+        helper.make_node("FusedMatMul", [b + "/w2", b + "/dy3"], [b + "/dx3"], b + "/dx",
+                         domain=MS_DOMAIN, transA=1, transB=0, alpha=1.0),
+        helper.make_node("Reshape", [b + "/dx3", _const(graph, "pwgrad_x_" + "_".join(
+            map(str, [c_in, *pixels])), [0, c_in, *pixels])], [dx], b + "/dx_shape"),
+        # dW after dX: W's last reader has run, so its buffer is free for dW
+        helper.make_node("PassThrough", [b + "/dy3", b + "/dx3"], [b + "/dy3_after", b + "/dx3_seen"],
+                         b + "/after_dx", domain=MS_DOMAIN),
+        helper.make_node("Transpose", [b + "/dy3_after"], [b + "/dyt3"], b + "/dyt",
+                         perm=[1, 0, 2]),
+        helper.make_node("Reshape", [b + "/dyt3", rows], [b + "/dyt"], b + "/dyt2"),
+        helper.make_node("Reshape", [x, view], [b + "/x3"], b + "/x3"),
+        helper.make_node("Transpose", [b + "/x3"], [b + "/xt3"], b + "/xt", perm=[1, 0, 2]),
+        helper.make_node("Reshape", [b + "/xt3", rows], [b + "/xt"], b + "/xt2"),
+        helper.make_node("FusedMatMul", [b + "/dyt", b + "/xt"], [b + "/dw2"], b + "/dw",
+                         domain=MS_DOMAIN, transA=0, transB=1, alpha=1.0),
+        helper.make_node("Reshape", [b + "/dw2", _const(graph, f"pwgrad_wshape_{c_out}_{c_in}_"
+                                                        f"{len(pixels)}",
+                                                        [c_out, c_in] + [1] * len(pixels))],
+                         [dw], b + "/dw_shape")]
+    if len(g.output) > 2 and g.output[2]:
+        axes = _const(graph, f"pwgrad_bias_axes_{len(pixels)}",
+                      [0] + list(range(2, 2 + len(pixels))))
+        nodes.append(helper.make_node("ReduceSum", [dy, axes], [g.output[2]], b + "/db",
+                                      keepdims=0))
+    return nodes
+
+
+def rewrite_pointwise_grads_file(path) -> int:
+    """rewrite_pointwise_grads on the training graph file at `path`, saved back if anything
+    changed."""
+    m = onnx.load(str(path))
+    count = rewrite_pointwise_grads(m)
+    if count:
+        onnx.save(m, str(path))
+    return count
+
+

@@ -8,7 +8,9 @@ The issue ("the fastest plan that fits") gave "today's micro-batch-1 plan" as 40
 a git worktree at FILING_COMMIT (the last commit before the issue's work) exports C6 as it
 did then (`--recompute sqrt --micro-batch 1 --accumulate 1568`, untrained) and measures its
 step with its own code; the current code exports and measures the same configuration, and
-the plans in bench/results/planner.json are measured again at their micro-batch. Each is
+the plans in bench/results/planner.json are measured again at their micro-batch, and so is what
+`export --plan auto --device D` builds for each device (its whole search: the variants, the
+artifact rebuilt at its micro-batch, the budget-recompute twins at larger ones). Each is
 ROUNDS rounds of `measure --steps 3` (the median step; the filing-day code reports no
 more), in turn. Results:
 bench/results/filing_baseline.json; table in docs/results.md (marker `filing-baseline`).
@@ -26,6 +28,7 @@ from common import ROOT, replace_table, save_results
 
 FILING_COMMIT = "93b3d07"  # d72bdcd^: the runtime before `edgetrain plan` and its work
 ROUNDS = 3
+PLAN_AUTO_DEVICES = ("watchos-extension", "watch-app-low")
 C6 = ["--model", "patch_mobilenet", "--width", "1.0", "--epochs", "0", "--density", "0.1",
       "--recompute", "sqrt", "--micro-batch", "1", "--accumulate", "1568"]
 
@@ -60,6 +63,14 @@ def main() -> None:
                 c = r["chosen"]
                 cases[f"{r['device']} plan, {c['micro_batch']} x {c['accumulation_steps']}"] = (
                     ROOT, Path(tmp) / "c6-today", c["micro_batch"], c["accumulation_steps"])
+            for device in PLAN_AUTO_DEVICES:  # the whole search: variants, recompute twins
+                art = Path(tmp) / f"c6-auto-{device}"
+                cli(ROOT, "export", *C6, "--plan", "auto", "--device", device, "--out", str(art))
+                plan = json.loads((art / "manifest.json").read_text())["plan"]
+                b, acc = plan["micro_batch"], plan["accumulation_steps"]
+                cases[f"{device}, export --plan auto: {b} x {acc}, recompute "
+                      f"{plan['recompute']} ({len(plan['checkpoints'])} checkpoints)"] = (
+                    ROOT, art, b, acc)
             times = {k: [] for k in cases}
             for _ in range(ROUNDS):
                 for k, (root, art, b, acc) in cases.items():

@@ -101,6 +101,15 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     return manifest
 
 
+def late_rewrites(train: Path, plan: Plan, nchwc: bool) -> tuple[int, int, int]:
+    """The training graph's last rewrites, in place: dense weights as one MaxUnpool each
+    (plan.dense_build), pointwise gradients split, depthwise convolutions in NCHWc kernels.
+    Returns how many of each were rewritten."""
+    unpools = rewrite_dense_builds_file(train) if plan.dense_build == "unpool" else 0
+    split = rewrite_pointwise_grads_file(train)
+    return unpools, split, rewrite_nchwc_file(train, plan.micro_batch) if nchwc else 0
+
+
 def _replace_folder(work: Path, out: Path) -> None:
     """Put the finished `work` folder at `out`, replacing an older artifact there."""
     if not out.exists():
@@ -215,9 +224,21 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         known = forward_shapes(str(out / FILES[names.EVAL_MODEL]), plan.micro_batch)
     except Exception:  # noqa: BLE001 - shapes then come from ONNX inference alone
         known = None
+    def predicted_peak_as_shipped() -> int | None:
+        """predicted_peak with the export's last rewrites applied to the training graph, then
+        undone: the budget recompute planner judges each plan as it will run."""
+        train = out / FILES[names.TRAINING_MODEL]
+        written = train.read_bytes()
+        try:
+            late_rewrites(train, plan, nchwc)
+            return predicted_peak()
+        finally:
+            train.write_bytes(written)
+
     rplan = plan_and_rewrite(str(out / FILES[names.TRAINING_MODEL]), recompute,
                              batch=plan.micro_batch, budget_bytes=recompute_budget_bytes,
-                             predict_file_peak=predicted_peak, known_shapes=known,
+                             predict_file_peak=predicted_peak_as_shipped
+                             if recompute == "budget" else predicted_peak, known_shapes=known,
                              min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD
                              * plan.threads)
     plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
@@ -240,13 +261,10 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         files[names.BATCHNORM_STATS_MODEL] = stats
 
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
-    dense_unpools = rewrite_dense_builds_file(
-        out / FILES[names.TRAINING_MODEL]) if plan.dense_build == "unpool" else 0
-    split = rewrite_pointwise_grads_file(out / FILES[names.TRAINING_MODEL])
+    dense_unpools, split, nchwc_convs = late_rewrites(out / FILES[names.TRAINING_MODEL], plan,
+                                                      nchwc)
     if split:  # computed weights' pointwise ConvGrads: dX first, then dW in W's place
         gradient_rewrites["ConvGrad_pointwise_split"] = split
-    nchwc_convs = rewrite_nchwc_file(out / FILES[names.TRAINING_MODEL],
-                                     plan.micro_batch) if nchwc else 0
     if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
         gradient_rewrites["Conv_nchwc"] = nchwc_convs
         plan = dataclasses.replace(plan, nchwc_block=host_block())

@@ -226,3 +226,52 @@ print(json.dumps({{k: v.tolist() for k, v in rt.dense_gradients([(x, y)]).items(
     assert a.keys() == b.keys() and len(a) == len(manifests["sqrt"].masks)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_greedy_fallback_adds_the_checkpoint_the_predictor_likes_best():
+    """When the segment model's plans do not fit, checkpoints are added one at a time by the
+    predictor's own peaks; the first round with a fitting plan returns its cheapest one."""
+    from exporters.recompute.planners import GREEDY_MAX_CHECKPOINTS, _greedy_cuts
+
+    class Fwd:
+        cuts = ("a", "b", "c", "d")
+
+    peaks = {(): 100, ("a",): 95, ("b",): 80, ("c",): 90, ("d",): 99,
+             ("a", "b"): 70, ("b", "c"): 60, ("b", "d"): 65}
+    predicted = {(): 100}
+
+    def fits_under(limit):
+        def fits(ck):
+            predicted.setdefault(ck, peaks.get(ck, 99))
+            return predicted[ck] <= limit
+        return fits
+
+    flops = {("a", "b"): 5, ("b", "c"): 9, ("b", "d"): 1}
+    # round 1: nothing fits 70; b is kept (80); round 2: b+a, b+c and b+d fit; b+d is cheapest
+    assert _greedy_cuts(Fwd, fits_under(70), predicted,
+                        lambda ck: flops.get(ck, 50)) == ("b", "d")
+    predicted.clear()
+    predicted[()] = 100
+    assert _greedy_cuts(Fwd, fits_under(10), predicted, lambda ck: 0) is None  # stalls
+    assert GREEDY_MAX_CHECKPOINTS >= 2
+
+
+def test_budget_recompute_twins_try_larger_micro_batches_until_one_does_not_fit():
+    from types import SimpleNamespace
+
+    from edgetrain.cli.plan_variants import BUDGET_RECOMPUTE_SIZES, budget_recompute_twins
+
+    tried = []
+
+    def add(key, r, u, d, g, micro, accumulation):
+        tried.append((r, micro, accumulation))
+        if micro >= 8:
+            raise ValueError("no recompute plan fits the budget")
+
+    results = {"base": SimpleNamespace(chosen=SimpleNamespace(micro_batch=2))}
+    budget_recompute_twins("base", {"base": ("sqrt", "all", 0.1, "dense")}, results, 1568, add)
+    assert tried == [("budget", 4, 392), ("budget", 7, 224), ("budget", 8, 196)][
+        :BUDGET_RECOMPUTE_SIZES]
+    tried.clear()
+    budget_recompute_twins(None, {}, {}, 1568, add)  # no variant fitted: nothing to grow
+    assert tried == []

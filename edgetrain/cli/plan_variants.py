@@ -31,13 +31,13 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     kept_too = "kept" in extra_weight_grads and grads != "kept"
     folders, variants, results = {}, {}, {}
 
-    def add(key: str, r: str, u: str, d: float, g: str) -> None:
+    def add(key: str, r: str, u: str, d: float, g: str, *at: int) -> None:
         i = len(folders)
-        folders[key] = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
-        variants[key] = (r, u, d, g)
+        folder = out if i == 0 else out.parent / f".{out.name}.plan-{i}"
         if i:
-            build(folders[key], r, u, d, g)
-        results[key] = plan(folders[key], budget_bytes, step)
+            build(folder, r, u, d, g, *at)  # may raise (no recompute plan fits `at`)
+        folders[key], variants[key] = folder, (r, u, d, g)
+        results[key] = plan(folder, budget_bytes, step)
 
     try:
         for r, u, d in ((r, u, d) for u in updates for d in densities for r in recomputes):
@@ -51,6 +51,8 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
             for key in list(folders):
                 r, u, d, _ = variants[key]
                 add(f"{key}, kept weight gradients", r, u, d, "kept")
+        if "budget" not in recomputes:  # larger micro-batches, recompute planned for each
+            budget_recompute_twins(best_variant(results), variants, results, step, add)
         for k, res in results.items():
             c = res.chosen
             if not quiet:
@@ -79,6 +81,31 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     return load_manifest(out)
 
 
+BUDGET_RECOMPUTE_SIZES = 3  # micro-batches above the best plan's tried with recompute budget
+
+
+def budget_recompute_twins(base: str | None, variants, results, step: int, add) -> None:
+    """The best variant's twins exported at the next BUDGET_RECOMPUTE_SIZES micro-batches
+    above its plan's (divisors of the step), each with the recompute plan the budget planner
+    finds for that micro-batch (exporters/recompute/planners.py: fewest recomputed FLOPs
+    predicted to fit). A larger micro-batch can outrun the recomputation: C6 on
+    `watchos-extension` fits 2 patches a call with `sqrt`, 7 with 4 checkpoints. Stops at the
+    first micro-batch no recompute plan fits (a larger one would not fit either)."""
+    from device_sim.planner import sizes
+
+    if base is None:
+        return
+    r, u, d, g = variants[base]
+    chosen = results[base].chosen.micro_batch
+    larger = [s for s in sizes(step) if s > chosen and step % s == 0][:BUDGET_RECOMPUTE_SIZES]
+    for micro in larger:
+        try:
+            add(f"recompute budget at micro-batch {micro}, update {u}"
+                + (f", density {d:g}" if d < 1 else ""), "budget", u, d, g, micro, step // micro)
+        except ValueError:  # "no recompute plan fits the budget"
+            return
+
+
 REBUILT_SLOWER_RATIO = 1.05  # the rebuilt artifact is kept unless its step measures slower
 
 
@@ -97,8 +124,8 @@ def rebuild_at_plan(out, folders, best: str, variant, results, build, budget_byt
 
     res = results[best]
     c = res.chosen
-    if c.micro_batch == exported_micro_batch:
-        return None
+    if c.micro_batch in (exported_micro_batch, load_manifest(folders[best]).plan.micro_batch):
+        return None  # built for the micro-batch it runs (a budget-recompute twin is)
     folder = out.parent / f".{out.name}.plan-at-plan"
     folders[f"{best}, rebuilt"] = folder
     build(folder, *variant, c.micro_batch, c.accumulation_steps)

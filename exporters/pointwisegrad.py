@@ -27,30 +27,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from exporters.graph import attributes, stated_shapes
+from exporters.graph import ensure_ms_domain, stated_shapes
+from exporters.sparsegrad import pointwise_conv_grad
 
 SUFFIX = "_pwgrad"
 MS_DOMAIN = "com.microsoft"
-
-
-def _pointwise(node, shapes: dict, computed: set[str]) -> tuple[int, int, list] | None:
-    """(C_out, C_in, pixel dims) if `node` is such a ConvGrad (see the module), else None."""
-    if node.op_type != "ConvGrad" or len(node.output) < 2:
-        return None
-    if not node.output[0] or not node.output[1] or node.input[2] not in computed:
-        return None
-    a = attributes(node)
-    x, w = shapes.get(node.input[1]), shapes.get(node.input[2])
-    if not x or not w or len(x) != len(w) or len(w) < 3 or None in w or None in x[1:]:
-        return None
-    if int(a.get("group", 1)) != 1 or any(k != 1 for k in w[2:]) or x[1] != w[1]:
-        return None
-    if any(int(v) != 1 for v in list(a.get("strides", [])) + list(a.get("dilations", []))):
-        return None
-    if any(int(v) != 0 for v in a.get("pads", [])) or a.get("auto_pad", b"NOTSET") not in (
-            b"NOTSET", "NOTSET", b"VALID", "VALID"):
-        return None
-    return int(w[0]), int(w[1]), [int(d) for d in x[2:]]
 
 
 def rewrite_pointwise_grads(model: onnx.ModelProto) -> int:
@@ -62,8 +43,9 @@ def rewrite_pointwise_grads(model: onnx.ModelProto) -> int:
     used = {x for n in graph.node for x in n.input} | {o.name for o in graph.output}
     out, count = [], 0
     for node in graph.node:
-        found = _pointwise(node, shapes, computed)
-        if found is None or node.output[0] not in used or node.output[1] not in used:
+        found = pointwise_conv_grad(node, shapes)
+        if (found is None or node.input[2] not in computed or not node.output[0]
+                or node.output[0] not in used or node.output[1] not in used):
             out.append(node)
             continue
         out += _nodes(node, *found, graph)
@@ -71,8 +53,7 @@ def rewrite_pointwise_grads(model: onnx.ModelProto) -> int:
     if count:
         del graph.node[:]
         graph.node.extend(out)
-        if not any(o.domain == MS_DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+        ensure_ms_domain(model)
     return count
 
 

@@ -42,9 +42,10 @@ PIECE_SHARE = 4  # one piece's gathers hold at most 1/4 of the dense dW...
 MAX_PIECES = 16  # ...in at most this many pieces (else the layer is left as it is)
 
 
-def _pointwise(node, shapes) -> tuple[int, int, int] | None:
-    """(C_out, C_in, pixels) if `node` is the ConvGrad of a stride-1, ungrouped, unpadded
-    pointwise convolution whose shapes the graph states, else None."""
+def pointwise_conv_grad(node, shapes) -> tuple[int, int, list[int]] | None:
+    """(C_out, C_in, pixel dims) if `node` is the ConvGrad of a stride-1, ungrouped, unpadded
+    pointwise convolution that makes a weight gradient and whose shapes the graph states,
+    else None (exporters/pointwisegrad.py takes the same convolutions)."""
     if node.op_type != "ConvGrad" or len(node.output) < 2 or not node.output[1]:
         return None
     a = attributes(node)
@@ -61,7 +62,7 @@ def _pointwise(node, shapes) -> tuple[int, int, int] | None:
         return None
     if x[1] != w[1] or len(x) != rank + 2:
         return None
-    return int(w[0]), int(w[1]), math.prod(int(d) for d in x[2:])
+    return int(w[0]), int(w[1]), [int(d) for d in x[2:]]
 
 
 def pieces_for(micro_batch: int, pixels: int, nnz: int, c_out: int, c_in: int) -> int | None:
@@ -84,10 +85,10 @@ def rewrite_masked_pointwise_grads(model: onnx.ModelProto, micro_batch: int) -> 
     replace: dict[int, list] = {}  # id(node) -> nodes in its place
     drop: set[int] = set()
     for node in graph.node:
-        dims = _pointwise(node, shapes)
+        dims = pointwise_conv_grad(node, shapes)
         if dims is None:
             continue
-        c_out, c_in, pixels = dims
+        c_out, c_in, pixels = dims[0], dims[1], math.prod(dims[2])
         dw = node.output[1]
         if len(readers.get(dw, [])) != 1 or readers[dw][0].op_type != "Reshape":
             continue

@@ -13,7 +13,7 @@ from device_sim.hostprofile import HostSpeed, host_speed
 from device_sim.measure import measure
 from device_sim.planner import items_per_sample, plan, sizes, write_plan
 from edgetrain.manifest import load_manifest
-from edgetrain.cli.plan_variants import BUDGET_RECOMPUTE_SIZES
+from edgetrain.cli.plan_variants import BUDGET_RECOMPUTE_SIZES, REBUILT_SLOWER_RATIO
 
 SPEED = HostSpeed(threads=2, compute_flops_per_s=2e10, depthwise_flops_per_s=2e9,
                   memory_bandwidth_bytes_per_s=5e9, compute_node_overhead_s=1e-5,
@@ -160,7 +160,8 @@ def test_export_plan_auto_searches_density_too(tmp_path):
     assert len(twins) <= BUDGET_RECOMPUTE_SIZES
     timed = {k: v["measured_step_time_s"] for k, v in search["variants"].items()
              if "measured_step_time_s" in v}
-    assert search["variant"] == min(timed, key=timed.get)
+    fastest = min(timed.values())  # the winner's time is its rebuild's when that was kept
+    assert timed[search["variant"]] <= fastest * REBUILT_SLOWER_RATIO
     kept = load_manifest(out)
     assert bool(kept.masks) == ("0.5" in search["variant"])
     assert kept.plan.weight_grad == ("kept" if search["variant"].endswith("gradients") else

@@ -265,13 +265,18 @@ def test_budget_recompute_twins_try_larger_micro_batches_until_one_does_not_fit(
 
     def add(key, r, u, d, g, micro, accumulation):
         tried.append((r, micro, accumulation))
+        keys.append(key)
         if micro >= 8:
             raise ValueError("no recompute plan fits the budget")
 
-    results = {"base": SimpleNamespace(chosen=SimpleNamespace(micro_batch=2))}
-    budget_recompute_twins("base", {"base": ("sqrt", "all", 0.1, "dense")}, results, 1568, add)
+    keys = []
+    base = "recompute sqrt, update all, density 0.1, kept weight gradients"
+    results = {base: SimpleNamespace(chosen=SimpleNamespace(micro_batch=2))}
+    budget_recompute_twins(base, {base: ("sqrt", "all", 0.1, "kept")}, results, 1568, add)
     assert tried == [("budget", 4, 392), ("budget", 7, 224), ("budget", 8, 196)][
         :BUDGET_RECOMPUTE_SIZES]
+    assert keys[0] == ("recompute budget at micro-batch 4, update all, density 0.1, "
+                       "kept weight gradients")  # named as its base, but for the recompute
     tried.clear()
     budget_recompute_twins(None, {}, {}, 1568, add)  # no variant fitted: nothing to grow
     assert tried == []

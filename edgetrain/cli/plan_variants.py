@@ -100,8 +100,8 @@ def budget_recompute_twins(base: str | None, variants, results, step: int, add) 
     larger = [s for s in sizes(step) if s > chosen and step % s == 0][:BUDGET_RECOMPUTE_SIZES]
     for micro in larger:
         try:
-            add(f"recompute budget at micro-batch {micro}, update {u}"
-                + (f", density {d:g}" if d < 1 else ""), "budget", u, d, g, micro, step // micro)
+            add(f"recompute budget at micro-batch {micro}, " + base.split(", ", 1)[1],
+                "budget", u, d, g, micro, step // micro)  # the base's update, density, grads
         except ValueError:  # "no recompute plan fits the budget"
             return
 

@@ -70,9 +70,9 @@ class DeviceRuntime:
         # A checkpoint holds at least every tensor's bytes: a shorter file is a failed write.
         self.min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         refuse_odd_checkpoint(self._files[names.CHECKPOINT], m, "the artifact's checkpoint")
+        self.micro_batch = m.plan.micro_batch  # before loading: a budget error names it
         self._load(self._files[names.CHECKPOINT], self._phase)
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
-        self.micro_batch = m.plan.micro_batch
         self._infer = None  # (path, InferenceSession) of the last exported inference model
         self.scratch_dir: str | None = None  # where mask updates rewrite the state (maskupdate)
         self.side = SideGraphs(self._ort, self._files, m, self._late_session_options,

@@ -125,3 +125,22 @@ def test_errors_under_json_are_json_too(tmp_path, tiny_artifact, npz):
     err = json.loads(r.stdout)
     assert err["exit_status"] == 3 and "below the model's parameters" in err["error"]
     assert err["error"] in r.stderr  # the same words on stderr for a person
+
+
+def test_a_budget_that_fails_while_loading_is_a_budget_error(tmp_path, tiny_artifact, npz):
+    """A budget just above the parameters, runtime scalars and graph constants passes the
+    split but not ORT's loading (the gradient buffers): a budget error (exit 3) naming the
+    micro-batch, never an internal error, and no run folder written."""
+    from edgetrain.artifactbytes import module_constants_bytes, state_bytes_of
+    from edgetrain.budget import RUNTIME_SCALAR_BYTES
+    from edgetrain.manifest import load_manifest
+
+    m = load_manifest(tiny_artifact)
+    budget = (state_bytes_of(m) + RUNTIME_SCALAR_BYTES
+              + module_constants_bytes(tiny_artifact, m) + 1)
+    r = cli("personalise", tiny_artifact, "--data", npz / "train.npz", "--budget", str(budget),
+            "--out", tmp_path / "r")
+    assert r.returncode == 3, r.stderr
+    assert "loading the artifact needs more memory than the budget" in r.stderr
+    assert f"At micro-batch {m.plan.micro_batch}" in r.stderr
+    assert not (tmp_path / "r").exists()

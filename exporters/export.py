@@ -27,7 +27,7 @@ from exporters.pointwisegrad import rewrite_pointwise_grads_file
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, native_stderr_captured,
                                  optimizer_settings, torch_to_onnx)
-from exporters.operators import check_operators, explain_artifact_failure
+from exporters.operators import check_loads, check_operators, explain_artifact_failure
 from exporters.predictor import predict
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
@@ -151,6 +151,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     params = dict(model.named_parameters())
     # a masked weight trains as its kept values
     trainable = list(params) if trainable is None else [masked.get(n, n) for n in trainable]
+    if not trainable:
+        raise ValueError("nothing to train: the model has no parameters (or the trainable list "
+                         "is empty); personalisation trains parameters. Nothing was written.")
     unknown = [n for n in trainable if n not in params]
     if unknown:
         raise ValueError(f"trainable names {unknown} are not parameters of the model; "
@@ -199,6 +202,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                 (out / name).write_bytes((Path(tmp) / name).read_bytes())
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
+    check_loads(out, FILES, fwd, with_eval=False)  # a kernel ORT lacks fails before any work
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
@@ -268,6 +272,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
         gradient_rewrites["Conv_nchwc"] = nchwc_convs
         plan = dataclasses.replace(plan, nchwc_block=host_block())
+    check_loads(out, FILES, fwd)  # and once more as rewritten, as the device will open it
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

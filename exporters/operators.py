@@ -27,14 +27,29 @@ REFUSED: dict[str, str] = {
 }
 
 
+# ONNX operator ORT builds no gradient for -> what to use instead (exporters/rewrites.py
+# rewrites the modules; their functional forms reach ORT as these operators).
+NO_GRADIENT_ADVICE: dict[str, str] = {
+    "ReduceMax": "for a max over an axis (amax, max(dim)) use nn.AdaptiveMaxPool1d(1) / "
+                 "AdaptiveMaxPool2d(1) or F.max_pool1d over the whole axis (MaxPool trains)",
+    "GlobalMaxPool": "use the nn.AdaptiveMaxPool1d/2d(1) module (rewritten into a MaxPool "
+                     "that trains) rather than F.adaptive_max_pool1d/2d",
+    "Elu": "use the nn.ELU module (rewritten into ReLU and Exp) rather than F.elu",
+    "Celu": "use the nn.CELU module (rewritten into ReLU and Exp) rather than F.celu",
+    "Selu": "use the nn.SELU module (rewritten into ReLU and Exp) rather than F.selu",
+    "PRelu": "use the nn.PReLU module (rewritten into ReLU) rather than F.prelu",
+}
+
+
 class UnsupportedOperatorError(ValueError):
     """The model uses an operator edgetrain cannot train."""
 
 
 def module_of(node: onnx.NodeProto) -> str:
     """The PyTorch module that produced a node, from the legacy exporter's scoped node name
-    ("/encoder/layers.0/self_attn/MatMul_3" -> "encoder.layers.0.self_attn")."""
-    parts = [p for p in node.name.split("/") if p][:-1]
+    ("/encoder/layers.0/self_attn/MatMul_3" -> "encoder.layers.0.self_attn"; a gradient
+    node's "/body/body.1/Resize_Grad/ResizeGrad_0" -> "body.1")."""
+    parts = [p for p in node.name.split("/") if p and not p.endswith("_Grad")][:-1]
     return parts[-1] if parts and "." in parts[-1] else ".".join(parts) or "(top level)"
 
 
@@ -63,10 +78,70 @@ def explain_artifact_failure(error: Exception, model: onnx.ModelProto, log: list
         module = module_of(onnx.helper.make_node(op, [], [], name=node_name))
         return UnsupportedOperatorError(
             f"module {module!r} uses the ONNX operator {op}, for which onnxruntime-training "
-            f"1.19.2 builds no gradient. Replace that layer with one that trains (docs/byom.md "
-            "lists them). Nothing was written.")
+            f"1.19.2 builds no gradient. " + (f"Instead, {NO_GRADIENT_ADVICE[op]}" if op in
+                                              NO_GRADIENT_ADVICE else "Replace that layer with "
+                                              "one that trains (docs/byom.md lists them)")
+            + ". Nothing was written.")
     first = first.split(" was false.")[-1].strip() or first[-300:]
     return UnsupportedOperatorError(
         f"onnxruntime-training could not build the training graph of this model ({first}). "
         f"Its operators: {', '.join(sorted(ops))}; docs/byom.md lists what trains. Nothing "
         "was written.")
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name "
+                        r"'([^']*)'")
+_FORWARD_ONLY = re.compile(r"(\w+) and \w+ kernel only supports the forward direction")
+
+
+def check_loads(folder, files: dict[str, str], forward: onnx.ModelProto,
+                with_eval: bool = True) -> None:
+    """Open the artifact's training Module (with its eval graph unless `with_eval` is False:
+    before the export's eval fixes) and Optimizer as the device will (no cap), and
+    raise UnsupportedOperatorError when ONNX Runtime cannot: a gradient that has no CPU kernel
+    (Resize's), a recurrent cell ORT trains only forward (bidirectional LSTM/GRU). Without
+    this the export would succeed and every device run fail."""
+    from pathlib import Path
+
+    from onnxruntime.training import api
+
+    from edgetrain import names
+    from exporters.onnxfixes import native_stderr_captured
+
+    path = {role: str(Path(folder) / name) for role, name in files.items()}
+    log: list[str] = []
+    try:
+        with native_stderr_captured(log):
+            state = api.CheckpointState.load_checkpoint(path[names.CHECKPOINT])
+            module = api.Module(path[names.TRAINING_MODEL], state,
+                                path[names.EVAL_MODEL] if with_eval else None)
+            api.Optimizer(path[names.OPTIMIZER_MODEL], module)
+    except Exception as e:  # noqa: BLE001 - ORT raises bare RuntimeErrors
+        raise explain_load_failure(e, forward) from e
+
+
+def explain_load_failure(error: Exception, forward: onnx.ModelProto) -> Exception:
+    """An UnsupportedOperatorError naming the operator and module ORT could not load."""
+    text = str(error)
+    missing = _NO_KERNEL.search(text)
+    if missing:
+        op, node_name = missing.groups()
+        module = module_of(onnx.helper.make_node(op, [], [], name=node_name))
+        return UnsupportedOperatorError(
+            f"module {module!r} needs the operator {op} in training, which onnxruntime-training "
+            "1.19.2 has no CPU kernel for. Replace that layer with one that trains "
+            "(docs/byom.md lists them). Nothing was written.")
+    forward_only = _FORWARD_ONLY.search(text)
+    if forward_only:
+        cell = forward_only.group(1).removesuffix("Training")  # GRUTraining: the GRU
+        nodes = [n for n in forward.graph.node if n.op_type == cell and any(
+            a.name == "direction" and a.s != b"forward" for a in n.attribute)]
+        where = f"module {module_of(nodes[0])!r}" if nodes else "the model"
+        return UnsupportedOperatorError(
+            f"{where} runs a bidirectional {cell}, which onnxruntime-training 1.19.2 trains "
+            f"only in the forward direction; use bidirectional=False (or two {cell}s, one on "
+            "the time-reversed input). Nothing was written.")
+    first = text.strip().splitlines()[0][-300:] if text.strip() else type(error).__name__
+    return UnsupportedOperatorError(
+        f"onnxruntime-training cannot load this model's training graph ({first}); "
+        "docs/byom.md lists what trains. Nothing was written.")

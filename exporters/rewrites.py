@@ -5,6 +5,10 @@ has. Each rewrite keeps the layer's parameter names and computes the same values
   nn.Hardswish, nn.Hardsigmoid -> Clip and elementwise ops (HardSwish/HardSigmoid: no gradient)
   nn.AvgPool1d/2d with kernel == stride and no padding -> reshape and mean (ORT's
     AveragePoolGrad dies with a floating-point exception, SIGFPE, in 1.19.2)
+  nn.ELU, nn.CELU, nn.SELU -> ReLU and Exp (Elu/Celu/Selu: no gradient)
+  nn.PReLU -> ReLU, its `weight` kept (PRelu: no gradient)
+  nn.AdaptiveMaxPool1d/2d to size 1 -> one MaxPool over the whole sample (GlobalMaxPool: no
+    gradient)
 """
 from __future__ import annotations
 
@@ -46,6 +50,52 @@ class MeanPool(nn.Module):
         return x.reshape(shape).mean(dim=axes)
 
 
+class ReluElu(nn.Module):
+    """ELU, CELU and SELU from ReLU and Exp (ORT 1.19.2 has no gradient for Elu, Celu, Selu):
+    scale * (relu(x) + alpha * (exp(-relu(-x) / width) - 1))."""
+
+    def __init__(self, alpha: float, width: float = 1.0, scale: float = 1.0):
+        super().__init__()
+        self.alpha, self.width, self.scale = alpha, width, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        negative = torch.exp(-torch.relu(-x) / self.width) - 1.0
+        return self.scale * (torch.relu(x) + self.alpha * negative)
+
+
+class ReluPRelu(nn.Module):
+    """PReLU from ReLU (ORT 1.19.2 has no gradient for PRelu), keeping its `weight`: one
+    slope, or one per channel (axis 1)."""
+
+    def __init__(self, m: nn.PReLU):
+        super().__init__()
+        self.weight = m.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w.numel() > 1 and x.dim() > 2:  # per channel: [C] -> [C, 1, ...]
+            w = w.reshape([-1] + [1] * (x.dim() - 2))
+        return torch.relu(x) - w * torch.relu(-x)
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # torch.nn.SELU's constants
+
+
+class WholeMaxPool(nn.Module):
+    """Adaptive max pooling to size 1 as one MaxPool over the whole (fixed) sample extent:
+    ORT 1.19.2 has no gradient for GlobalMaxPool, and MaxPool's it has."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, *spatial]
+        spatial = [int(n) for n in x.shape[2:]]  # fixed at export
+        pool = nn.functional.max_pool1d if len(spatial) == 1 else nn.functional.max_pool2d
+        return pool(x, kernel_size=spatial)
+
+
+def _whole_max_pool(m: nn.Module) -> nn.Module:
+    size = m.output_size if isinstance(m.output_size, (tuple, list)) else (m.output_size,)
+    return WholeMaxPool() if all(s == 1 for s in size) and not m.return_indices else m
+
+
 def _mean_pool(m: nn.Module) -> nn.Module:
     dims = 1 if isinstance(m, nn.AvgPool1d) else 2
     as_tuple = (lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims)
@@ -57,7 +107,10 @@ def _mean_pool(m: nn.Module) -> nn.Module:
 
 REWRITES = {nn.GroupNorm: DecomposedGroupNorm, nn.Hardswish: lambda m: ClipHardswish(),
             nn.Hardsigmoid: lambda m: ClipHardsigmoid(), nn.AvgPool1d: _mean_pool,
-            nn.AvgPool2d: _mean_pool}
+            nn.AvgPool2d: _mean_pool, nn.ELU: lambda m: ReluElu(m.alpha),
+            nn.CELU: lambda m: ReluElu(m.alpha, width=m.alpha),
+            nn.SELU: lambda m: ReluElu(SELU_ALPHA, scale=SELU_SCALE), nn.PReLU: ReluPRelu,
+            nn.AdaptiveMaxPool1d: _whole_max_pool, nn.AdaptiveMaxPool2d: _whole_max_pool}
 
 
 def rewrite_for_training(model: nn.Module) -> nn.Module:

@@ -157,10 +157,39 @@ class PaddedAvgPool(torch.nn.Module):
         return self.head(self.pool(x).mean(-1))
 
 
+class Head(torch.nn.Module):
+    """A trained 1x1 convolution, then `body` over [B, 6, 16] (so that its gradient is
+    needed), then a linear head over the mean of its [B, 6, T] output."""
+
+    def __init__(self, body, time_major=False):
+        super().__init__()
+        self.conv, self.body, self.time_major = torch.nn.Conv1d(6, 6, 1), body, time_major
+        self.head = torch.nn.Linear(6, CLASSES)
+
+    def forward(self, x):
+        x = self.conv(x)
+        if self.time_major:  # a recurrent cell: [B, T, 6] in, its outputs' first 6 features
+            return self.head(self.body(x.transpose(1, 2))[0][..., :6].mean(1))
+        return self.head(self.body(x).mean(-1))
+
+
+class FunctionalElu(Head):
+    def __init__(self):
+        super().__init__(torch.nn.Identity())
+
+    def forward(self, x):
+        return self.head(torch.nn.functional.elu(self.conv(x)).mean(-1))
+
+
 @pytest.mark.parametrize("model, module, operator", [
     (InstanceNormNet, "norm", "InstanceNormalization"),
     (FunctionalHardswish, "(top level)", "HardSwish"),
     (PaddedAvgPool, "pool", "AveragePool"),
+    (FunctionalElu, "(top level)", "the nn.ELU module"),  # the advice for the functional form
+    # these two ORT builds, but cannot load: no ResizeGrad kernel; LSTMTraining forward only
+    (lambda: Head(torch.nn.Upsample(scale_factor=2)), "body", "ResizeGrad"),
+    (lambda: Head(torch.nn.LSTM(6, 8, batch_first=True, bidirectional=True), True), "body",
+     "bidirectional LSTM"),
 ])
 def test_unsupported_layers_are_refused_before_any_file(tmp_path, model, module, operator):
     out = tmp_path / "refused"
@@ -169,6 +198,13 @@ def test_unsupported_layers_are_refused_before_any_file(tmp_path, model, module,
     assert f"module {module!r}" in str(e.value) and operator in str(e.value)
     assert "Nothing was written" in str(e.value)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_model_with_nothing_to_train_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="nothing to train"):
+        export_artifact(torch.nn.AdaptiveAvgPool1d(3), torch.zeros(2, 6, 16), tmp_path / "o",
+                        classes=["a", "b", "c"])
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("case", ["cnn1d_bn", "moe_transformer", "transformer_encoder"],

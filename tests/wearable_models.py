@@ -120,6 +120,12 @@ CASES: dict[str, Case] = {
     "cnn1d_depthwise_dilated": Case(lambda: Classify(nn.Sequential(
         nn.Conv1d(6, 6, 3, padding=2, dilation=2, groups=6), nn.ReLU6(), nn.Conv1d(6, 8, 1),
         nn.Hardswish(), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1)), 8), (6, 32), "CT", True),
+    "cnn1d_activations": Case(lambda: Classify(nn.Sequential(  # ELU, PReLU, SELU, CELU and
+        nn.Conv1d(6, 8, 3, padding=1), nn.ELU(0.5), nn.Conv1d(8, 8, 3), nn.PReLU(8),
+        nn.Conv1d(8, 8, 1), nn.SELU(), nn.Conv1d(8, 8, 1), nn.CELU(2.0),  # global max pooling
+        nn.Conv1d(8, 8, 1), nn.LeakyReLU(0.1), nn.Conv1d(8, 8, 1), nn.Tanh(),  # rewritten
+        nn.Conv1d(8, 8, 1), nn.Sigmoid(), nn.AdaptiveMaxPool1d(1)), 8),  # (rewrites.py)
+        (6, 32), "CT", True),
     "cnn2d": Case(lambda: Classify(nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1)), 8),

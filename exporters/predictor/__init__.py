@@ -44,17 +44,20 @@ MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
     "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear",
     "Div", "Dropout", "DropoutGrad",
-    "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
+    "Exp", "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
     "Identity",
-    "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LessOrEqual",
+    "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LeakyRelu",
+    "LeakyReluGrad", "LessOrEqual",
     "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",
     "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape",
     "Size", "Slice", "SliceGrad",
-    "Sign", "Softmax", "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad",
+    "Sigmoid", "SigmoidGrad", "Sign", "Softmax", "SoftmaxCrossEntropyLoss",
+    "SoftmaxCrossEntropyLossGrad",
     "SoftmaxGrad_13",
-    "Split", "SplitTraining", "Sqrt", "Squeeze", "Sub", "Sum", "Transpose", "Unsqueeze"})
+    "Split", "SplitTraining", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "TanhGrad", "Transpose",
+    "Unsqueeze"})
 
 
 class UnsupportedRuntimeError(ValueError):

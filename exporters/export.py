@@ -25,8 +25,8 @@ from exporters.gradkernels import rewrite_training_model
 from exporters.nchwc import host_block, rewrite_nchwc_file
 from exporters.pointwisegrad import rewrite_pointwise_grads_file
 from exporters.norms import freeze_batchnorm_layers
-from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, native_stderr_captured,
-                                 optimizer_settings, torch_to_onnx)
+from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, fix_recurrent_grads,
+                                 native_stderr_captured, optimizer_settings, torch_to_onnx)
 from exporters.operators import check_loads, check_operators, explain_artifact_failure
 from exporters.predictor import predict
 from exporters.predictor.evaluated import forward_shapes
@@ -204,6 +204,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         raise explain_artifact_failure(e, fwd, log) from e
     check_loads(out, FILES, fwd, with_eval=False)  # a kernel ORT lacks fails before any work
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
+    fix_recurrent_grads(out / FILES[names.TRAINING_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
     trainable_specs = tuple(specs[n] for n in trainable)
     frozen_specs = tuple(specs[n] for n in frozen)

@@ -4,7 +4,9 @@
     tensor is put back, and the original values are written into the ONNX initializers;
   * ORT's gradient builder needs LayerNormalization's optional Mean and InvStdDev outputs;
   * the eval graph keeps BatchNormalization's training-only outputs, which ORT then refuses to
-    load: they are deleted.
+    load: they are deleted;
+  * a GRUGrad/LSTMGrad whose weight gradients are not wanted (the cell frozen, something below
+    it trained) kills the process (SIGSEGV): its dW and dR outputs are named, and dropped.
 """
 from __future__ import annotations
 
@@ -71,6 +73,30 @@ def add_optional_outputs(model: onnx.ModelProto) -> int:
             for k in range(len(node.output), 1 + len(extra)):
                 node.output.append(f"{base}.{extra[k - 1]}")
             changed += 1
+    return changed
+
+
+RECURRENT_GRADS = {"GRUGrad", "LSTMGrad"}  # outputs: dX, dW, dR, dB, ...
+
+
+def fix_recurrent_grads(path: Path) -> int:
+    """Name the missing dW and dR outputs (1 and 2) of each GRUGrad/LSTMGrad in the training
+    graph: ORT 1.19.2's kernels write them unconditionally, and crash when the gradient builder
+    left them out (a frozen GRU/LSTM layer above a trained one; measured for every frozen
+    subset of one layer's W, R and biases). Nothing reads the named outputs; they live only
+    while the node runs. Returns how many nodes were changed."""
+    m = onnx.load(str(path))
+    changed = 0
+    for node in m.graph.node:
+        if node.op_type in RECURRENT_GRADS:
+            missing = [i for i in (1, 2) if len(node.output) <= i or not node.output[i]]
+            while len(node.output) < 3:
+                node.output.append("")
+            for i in missing:
+                node.output[i] = f"{node.name}_unused_output_{i}"
+            changed += bool(missing)
+    if changed:
+        onnx.save(m, str(path))
     return changed
 
 

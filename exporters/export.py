@@ -22,6 +22,7 @@ from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FIL
 from exporters.convbn import fold_conv_batchnorms
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
+from exporters.logits import check_logits
 from exporters.nchwc import host_block, rewrite_nchwc_file
 from exporters.pointwisegrad import rewrite_pointwise_grads_file
 from exporters.norms import freeze_batchnorm_layers
@@ -170,6 +171,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                            layout=layout if layout is not None else
                            ("CHW" if len(sample_shape) == 3 else ""))
     fwd = torch_to_onnx(model, example_input, saved)
+    check_logits(fwd, len(classes))
     check_operators(fwd)
     if update is not None:
         use = first_use(fwd.graph, list(dense_shapes))

@@ -63,6 +63,17 @@ class Plan:
     # one MaxUnpool; "scatter", Expand + ScatterElements (manifests written before: scatter)
     dense_build: str = "unpool"
 
+    def __post_init__(self):
+        for field in ("micro_batch", "accumulation_steps", "threads"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan.{field} is {value!r}; it must be a whole number of at "
+                                 "least 1")
+        if isinstance(self.patch_size, bool) or not isinstance(self.patch_size, int) \
+                or self.patch_size < 0:
+            raise ValueError(f"plan.patch_size is {self.patch_size!r}; it must be a whole "
+                             "number of pixels (0: whole images)")
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -169,11 +180,10 @@ def _plan(d: dict) -> Plan:
     for key in ("checkpoints", "recomputed", "frozen_int8"):
         d[key] = tuple(d.get(key, ()))
     d.setdefault("dense_build", "scatter")
-    plan = Plan(**d)
-    if not isinstance(plan.threads, int) or plan.threads < 1:
-        raise ArtifactError(f"manifest plan.threads is {plan.threads!r}, not a positive whole "
-                            "number of threads; re-export the artifact")
-    return plan
+    try:
+        return Plan(**d)
+    except ValueError as e:  # a field out of range
+        raise ArtifactError(f"manifest {e}; re-export the artifact") from e
 
 
 def _tensor(t: dict) -> TensorSpec:

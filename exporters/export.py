@@ -19,6 +19,7 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
+from exporters.arguments import check_export_arguments
 from exporters.convbn import fold_conv_batchnorms
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
@@ -84,6 +85,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     0 when none was rewritten).
     """
     out = Path(out)
+    check_export_arguments(example_input, out, classes, lr, layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

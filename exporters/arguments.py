@@ -1,0 +1,43 @@
+"""export_artifact's arguments, checked before any work: each refusal says what was given,
+the value, and what to pass instead (the CLI checks its own options; these reach the Python
+API as they are)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+LAYOUT_LETTERS = "CHWTF"  # channels, image rows and columns, time, features (docs/byom.md)
+
+
+def check_export_arguments(example_input, out: Path, classes, lr, layout: str | None) -> None:
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError(f"example_input is a {type(example_input).__name__}; pass a torch "
+                        "tensor of one batch, [B, *sample_shape], e.g. torch.zeros(2, 6, 200)")
+    if example_input.dtype != torch.float32 or example_input.dim() < 2:
+        raise ValueError(f"example_input is {example_input.dtype} of shape "
+                         f"{list(example_input.shape)}; pass float32 [B, *sample_shape] (the "
+                         "device feeds float32 samples): e.g. torch.zeros(2, 6, 200)")
+    if isinstance(classes, (str, bytes)) or not all(isinstance(c, str) and c for c in classes):
+        raise ValueError(f"classes is {classes!r}; pass a list of class names, one non-empty "
+                         "string per logit, e.g. ['rest', 'walk', 'run']")
+    repeated = sorted({c for c in classes if list(classes).count(c) > 1})
+    if repeated:
+        raise ValueError(f"class names {repeated} are given more than once; each logit needs "
+                         "its own name")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+            or lr <= 0:
+        raise ValueError(f"lr is {lr!r}; the on-device learning rate must be a finite number "
+                         "above 0, e.g. 1e-3")
+    if layout and (set(layout) - set(LAYOUT_LETTERS) or len(set(layout)) != len(layout)):
+        raise ValueError(f"layout {layout!r} must name each axis of a sample once, with the "
+                         f"letters {', '.join(LAYOUT_LETTERS)} (channels, image rows, columns, "
+                         "time, features): e.g. 'CT' for [channels, time]")
+    if layout and len(layout) != example_input.dim() - 1:
+        raise ValueError(f"layout {layout!r} names {len(layout)} axes; a sample of "
+                         f"example_input is {list(example_input.shape[1:])}, "
+                         f"{example_input.dim() - 1} axes: name each once")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is a file; choose another out folder (nothing was "
+                         "written)")

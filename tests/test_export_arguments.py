@@ -1,0 +1,48 @@
+"""export_artifact refuses bad arguments before any work, saying what was given and what to
+pass; nothing is written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgetrain.manifest import Plan
+from exporters.export import export_artifact
+
+
+def model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv1d(6, 4, 3), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 14, 3))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"example_input": np.zeros((2, 6, 16), np.float32)}, "pass a torch tensor"),
+    ({"example_input": torch.zeros(2, 6, 16, dtype=torch.float64)}, "pass float32"),
+    ({"classes": "abc"}, "pass a list of class names"),
+    ({"classes": ["a", "a", "b"]}, "given more than once"),
+    ({"lr": -1.0}, "lr is -1.0"),
+    ({"lr": float("nan")}, "lr is nan"),
+    ({"layout": "ZT"}, "letters C, H, W, T, F"),
+    ({"layout": "CHW"}, "names 3 axes"),
+])
+def test_bad_arguments_are_refused_before_any_work(tmp_path, change, words):
+    args = {"example_input": torch.zeros(2, 6, 16), "classes": ["a", "b", "c"], "lr": 1e-3,
+            "layout": "CT"}
+    args.update(change)
+    with pytest.raises((TypeError, ValueError), match=words):
+        export_artifact(model(), args.pop("example_input"), tmp_path / "art", **args)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("field", ["micro_batch", "accumulation_steps", "threads"])
+def test_a_plan_needs_whole_positive_counts(field):
+    with pytest.raises(ValueError, match=f"plan.{field} is 0"):
+        Plan(**{field: 0})
+
+
+def test_an_out_path_that_is_a_file_is_refused_and_kept(tmp_path):
+    out = tmp_path / "file"
+    out.write_text("mine")
+    with pytest.raises(ValueError, match="exists and is a file"):
+        export_artifact(model(), torch.zeros(2, 6, 16), out, classes=["a", "b", "c"])
+    assert out.read_text() == "mine" and sorted(tmp_path.iterdir()) == [out]

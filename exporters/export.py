@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import onnx
 import torch
 
 from edgetrain import names
@@ -21,6 +22,7 @@ from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, Tensor
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
 from exporters.arguments import check_export_arguments
 from exporters.convbn import fold_conv_batchnorms
+from exporters.dryrun import dry_run_step
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
 from exporters.logits import check_logits
@@ -293,4 +295,6 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)
+    dry_run_step(out, {n.op_type for n in onnx.load(str(out / FILES[names.TRAINING_MODEL]),
+                                                    load_external_data=False).graph.node})
     return manifest

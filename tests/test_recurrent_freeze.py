@@ -62,3 +62,18 @@ print(json.dumps({{'loss': loss, 'grads': grads}}))
     for name, g in out["grads"].items():
         ref = params[name].grad.numpy()
         assert float(np.abs(np.array(g) - ref).max()) <= 1e-6 + 1e-3 * float(np.abs(ref).max())
+
+
+def test_the_export_dry_run_turns_a_native_crash_into_an_error(tmp_path, monkeypatch):
+    """Without the fix the step kills ORT's process (SIGSEGV): the export's dry run, in a
+    child process, fails the export with the signal named, and nothing is written."""
+    import exporters.export
+    from exporters.dryrun import DryRunError
+
+    monkeypatch.setattr(exporters.export, "fix_recurrent_grads", lambda path: 0)
+    torch.manual_seed(0)
+    with pytest.raises(DryRunError, match="SIGSEGV.*Nothing was written"):
+        export_artifact(TwoLayers(torch.nn.GRU), torch.zeros(2, 10, 6), tmp_path / "art",
+                        classes=["a", "b", "c"], plan=Plan(micro_batch=4), layout="TF",
+                        trainable=["rnn.weight_ih_l0", "rnn.weight_hh_l0", "head.weight"])
+    assert list(tmp_path.iterdir()) == []

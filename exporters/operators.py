@@ -38,6 +38,8 @@ NO_GRADIENT_ADVICE: dict[str, str] = {
     "Celu": "use the nn.CELU module (rewritten into ReLU and Exp) rather than F.celu",
     "Selu": "use the nn.SELU module (rewritten into ReLU and Exp) rather than F.selu",
     "PRelu": "use the nn.PReLU module (rewritten into ReLU) rather than F.prelu",
+    "Softplus": "use the nn.Softplus or nn.Mish module (rewritten into ReLU, Exp and Log) "
+                "rather than F.softplus or F.mish",
 }
 
 

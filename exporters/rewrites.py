@@ -7,6 +7,7 @@ has. Each rewrite keeps the layer's parameter names and computes the same values
     AveragePoolGrad dies with a floating-point exception, SIGFPE, in 1.19.2)
   nn.ELU, nn.CELU, nn.SELU -> ReLU and Exp (Elu/Celu/Selu: no gradient)
   nn.PReLU -> ReLU, its `weight` kept (PRelu: no gradient)
+  nn.Softplus, nn.Mish -> ReLU, Exp, Log (and Tanh) (Softplus: no gradient)
   nn.AdaptiveMaxPool1d/2d to size 1 -> one MaxPool over the whole sample (GlobalMaxPool: no
     gradient)
 """
@@ -78,6 +79,22 @@ class ReluPRelu(nn.Module):
         return torch.relu(x) - w * torch.relu(-x)
 
 
+class StableSoftplus(nn.Module):
+    """Softplus (and Mish, x * tanh(softplus(x))) from ReLU, Exp and Log (ORT 1.19.2 has no
+    gradient for Softplus): relu(bx)/b + log(1 + exp(-|bx|))/b, where torch switches to x
+    above the threshold (the two differ there by under exp(-threshold))."""
+
+    def __init__(self, beta: float = 1.0, mish: bool = False):
+        super().__init__()
+        self.beta, self.mish = beta, mish
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bx = self.beta * x
+        magnitude = torch.relu(bx) + torch.relu(-bx)
+        soft = (torch.relu(bx) + torch.log(1.0 + torch.exp(-magnitude))) / self.beta
+        return x * torch.tanh(soft) if self.mish else soft
+
+
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # torch.nn.SELU's constants
 
 
@@ -110,6 +127,7 @@ REWRITES = {nn.GroupNorm: DecomposedGroupNorm, nn.Hardswish: lambda m: ClipHards
             nn.AvgPool2d: _mean_pool, nn.ELU: lambda m: ReluElu(m.alpha),
             nn.CELU: lambda m: ReluElu(m.alpha, width=m.alpha),
             nn.SELU: lambda m: ReluElu(SELU_ALPHA, scale=SELU_SCALE), nn.PReLU: ReluPRelu,
+            nn.Softplus: lambda m: StableSoftplus(m.beta), nn.Mish: lambda m: StableSoftplus(mish=True),
             nn.AdaptiveMaxPool1d: _whole_max_pool, nn.AdaptiveMaxPool2d: _whole_max_pool}
 
 

@@ -124,7 +124,8 @@ CASES: dict[str, Case] = {
         nn.Conv1d(6, 8, 3, padding=1), nn.ELU(0.5), nn.Conv1d(8, 8, 3), nn.PReLU(8),
         nn.Conv1d(8, 8, 1), nn.SELU(), nn.Conv1d(8, 8, 1), nn.CELU(2.0),  # global max pooling
         nn.Conv1d(8, 8, 1), nn.LeakyReLU(0.1), nn.Conv1d(8, 8, 1), nn.Tanh(),  # rewritten
-        nn.Conv1d(8, 8, 1), nn.Sigmoid(), nn.AdaptiveMaxPool1d(1)), 8),  # (rewrites.py)
+        nn.Conv1d(8, 8, 1), nn.Sigmoid(), nn.Conv1d(8, 8, 1), nn.Softplus(),  # (rewrites.py)
+        nn.Conv1d(8, 8, 1), nn.Mish(), nn.AdaptiveMaxPool1d(1)), 8),
         (6, 32), "CT", True),
     "cnn2d": Case(lambda: Classify(nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),

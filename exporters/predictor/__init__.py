@@ -48,7 +48,7 @@ MODELLED_OPS = frozenset({
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
     "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LeakyRelu",
-    "LeakyReluGrad", "LessOrEqual",
+    "LeakyReluGrad", "LessOrEqual", "Log",
     "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mul", "Neg", "PassThrough", "Pow", "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",
     "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape",

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetrain.samples import DataError, SampleArray, blocks, read_npz, refuse_beyond_float32
+from edgetrain.samples import (DataError, SampleArray, blocks, read_npz, refuse_beyond_float32,
+                               refuse_untrainable_magnitude)
 
 __all__ = ["DataError", "SampleArray", "check_xy", "load_npz"]  # and the functions below
 
@@ -226,6 +227,7 @@ def check_xy(x, y, data_shape: tuple[int, ...], num_classes: int, where: str = "
             raise DataError(f"{where}: x holds NaN/Inf values (the first at index "
                             f"{tuple(int(i) for i in first)}); drop or repair those samples")
         refuse_beyond_float32(block, f"{where}: x")
+        refuse_untrainable_magnitude(block, f"{where}: x", lo)
     for _, block in blocks(y):
         out = (block < 0) | (block >= num_classes)
         if out.any():

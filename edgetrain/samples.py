@@ -225,3 +225,21 @@ def refuse_beyond_float32(values: np.ndarray, where: str) -> None:
         raise DataError(f"{where} holds a value of magnitude {big:.3g}, beyond float32's "
                         f"range ({np.finfo(np.float32).max:.3g}); the runtime trains in "
                         "float32: scale or repair those samples")
+
+
+# Above this, float32 training overflows: a BatchNorm variance or a sum of squares of 1e20 is
+# past float32's 3.4e38, and the run diverges with a NaN loss. 1e15 leaves a layer's sums room.
+MAX_INPUT_MAGNITUDE = 1e15
+
+
+def refuse_untrainable_magnitude(values: np.ndarray, where: str, first: int = 0) -> None:
+    """DataError if a value is so large that float32 training would overflow on it."""
+    big = np.abs(values) > MAX_INPUT_MAGNITUDE
+    if big.any():
+        at = np.argwhere(big)[0]
+        at[0] += first
+        raise DataError(f"{where} holds a value of magnitude {float(np.abs(values).max()):.3g} "
+                        f"(the first beyond {MAX_INPUT_MAGNITUDE:.0e} at index "
+                        f"{tuple(int(i) for i in at)}); float32 training squares and sums "
+                        "such values past float32's range and diverges: rescale the samples "
+                        "(e.g. to physical units) or drop those")

@@ -170,10 +170,12 @@ def bad_data(tmp_path, x, y) -> Path:
     (lambda x, y: (x.astype(np.int32), y), "expected a float array"),  # wrong dtype
     (lambda x, y: (np.where(np.arange(x.size).reshape(x.shape) == 5, np.nan, x), y), "NaN/Inf"),
     (lambda x, y: (np.where(np.arange(x.size).reshape(x.shape) == 7, np.inf, x), y), "NaN/Inf"),
+    (lambda x, y: (np.where(np.arange(x.size).reshape(x.shape) == 9, 3e30, x), y),
+     "magnitude 3e+30 (the first beyond 1e+15"),  # finite, but float32 training overflows
     (lambda x, y: (x, np.where(np.arange(len(y)) == 3, 9, y)), "label 9 is out of range"),
     (lambda x, y: (x, y - 1), "label -1 is out of range"),
     (lambda x, y: (x[:0], y[:0]), "holds no samples"),
-], ids=["shape", "dtype", "nan", "inf", "label-high", "label-negative", "empty"])
+], ids=["shape", "dtype", "nan", "inf", "huge", "label-high", "label-negative", "empty"])
 def test_bad_data(tiny_artifact, saved, tmp_path, make, message):
     x, y = tiny_data(16, seed=3)
     refused(resume(tiny_artifact, saved, data=bad_data(tmp_path, *make(x, y))), saved,

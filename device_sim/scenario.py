@@ -16,7 +16,8 @@ MAX_BATCH = 4096
 @dataclass(frozen=True)
 class FitResult:
     budget_bytes: int
-    predicted_max_batch: int  # largest batch whose predicted peak fits (0: none)
+    predicted_max_batch: int | None  # largest batch whose predicted peak fits (0: none; None:
+    # the predictor cannot size the step)
     max_batch: int  # confirmed: trains at this batch (0: not even batch 1)
     peak_bytes: int | None  # measured at max_batch
     next_batch_error: str  # the BudgetError at max_batch + 1
@@ -127,9 +128,9 @@ def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int]
         lo, hi = (c, hi) if fits(c) else (lo, c)
         halved = hi - lo <= width // 2
     if lo == 0:
-        return FitResult(budget_bytes, predicted or 0, 0, None, str(results[1]), None, None,
+        return FitResult(budget_bytes, predicted, 0, None, str(results[1]), None, None,
                          len(results))
     m = results[lo]
     nxt = str(results[hi]) if hi in results else f"batch {hi} is beyond the search's limit"
-    return FitResult(budget_bytes, predicted or 0, lo, m.peak_bytes, nxt, m.step_time_s,
+    return FitResult(budget_bytes, predicted, lo, m.peak_bytes, nxt, m.step_time_s,
                      round(lo / m.step_time_s, 2), len(results))

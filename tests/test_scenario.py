@@ -76,7 +76,7 @@ def test_without_a_prediction_the_search_ends_in_at_most_16_runs(true):
     per = 9000 // true
     _, run, calls = make(per, 1)
     r = largest_batch(lambda b: None, run, 10_000)
-    assert r.max_batch == min(9000 // per, MAX_BATCH) and r.predicted_max_batch == 0
+    assert r.max_batch == min(9000 // per, MAX_BATCH) and r.predicted_max_batch is None
     assert r.runs == len(set(calls)) <= 16
     assert r.max_batch + 1 in calls or r.max_batch == 4096
 

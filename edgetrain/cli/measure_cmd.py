@@ -104,7 +104,9 @@ def fit(artifact, device, budget, as_json):
                               indent=2))
         return
     click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
-    click.echo(f"largest batch predicted to fit: {r.predicted_max_batch}")
+    click.echo("largest batch predicted to fit: " + (
+        str(r.predicted_max_batch) if r.predicted_max_batch is not None
+        else "no prediction (the predictor cannot size this step: capped runs alone)"))
     if r.max_batch == 0:
         click.echo(f"confirmed: not even batch 1 trains ({r.runs} capped runs): {r.next_batch_error}")
         return

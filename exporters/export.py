@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import onnx
 import torch
 
 from edgetrain import names
@@ -22,7 +21,7 @@ from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, Tensor
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
 from exporters.arguments import check_export_arguments
 from exporters.convbn import fold_conv_batchnorms
-from exporters.dryrun import dry_run_step
+from exporters.dryrun import dry_run_artifact, export_within_budget
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
 from exporters.logits import check_logits
@@ -90,16 +89,17 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     check_export_arguments(example_input, out, classes, lr, layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    args = dict(classes=classes, trainable=trainable, plan=plan, lr=lr, model_name=model_name,
+                image_shape=image_shape, preprocess=preprocess, preprocess_args=preprocess_args,
+                provenance=provenance, freeze_batchnorm=freeze_batchnorm, recompute=recompute,
+                recompute_budget_bytes=recompute_budget_bytes, density=density,
+                mask_allocation=mask_allocation, mask_init=mask_init, mask_seed=mask_seed,
+                layout=layout, update=update, int8_frozen=int8_frozen, nchwc=nchwc)
     try:
-        manifest = _export_into(work, model, example_input, classes=classes,
-                                trainable=trainable, plan=plan, lr=lr, model_name=model_name,
-                                image_shape=image_shape, preprocess=preprocess,
-                                preprocess_args=preprocess_args, provenance=provenance,
-                                freeze_batchnorm=freeze_batchnorm, recompute=recompute,
-                                recompute_budget_bytes=recompute_budget_bytes,
-                                density=density, mask_allocation=mask_allocation,
-                                mask_init=mask_init, mask_seed=mask_seed, layout=layout,
-                                update=update, int8_frozen=int8_frozen, nchwc=nchwc)
+        manifest = export_within_budget(  # a budget plan that overruns: planned again
+            lambda target: _export_into(work, model, example_input, **args,
+                                        planning_budget_bytes=target),
+            lambda: (shutil.rmtree(work), work.mkdir()), recompute_budget_bytes)
         _replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -134,8 +134,9 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                  preprocess_args, provenance, freeze_batchnorm: bool, recompute: str,
                  recompute_budget_bytes, density: float, mask_allocation: str, mask_init: str,
                  mask_seed: int, layout: str | None, update: str | None,
-                 int8_frozen: bool, nchwc: bool) -> Manifest:
-    """export_artifact's work, written into the (empty, temporary) folder `out`."""
+                 int8_frozen: bool, nchwc: bool, planning_budget_bytes=None) -> Manifest:
+    """export_artifact's work, written into the (empty, temporary) folder `out`; a budget
+    recompute plan is planned for `planning_budget_bytes` and runs capped at the budget."""
     from onnxruntime.training import artifacts  # host side only (imports torch)
 
     if update is not None and trainable is not None:
@@ -247,7 +248,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
             train.write_bytes(written)
 
     rplan = plan_and_rewrite(str(out / FILES[names.TRAINING_MODEL]), recompute,
-                             batch=plan.micro_batch, budget_bytes=recompute_budget_bytes,
+                             batch=plan.micro_batch, budget_bytes=planning_budget_bytes,
                              predict_file_peak=predicted_peak_as_shipped
                              if recompute == "budget" else predicted_peak, known_shapes=known,
                              min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD
@@ -295,6 +296,5 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
     manifest.write(out)
-    dry_run_step(out, {n.op_type for n in onnx.load(str(out / FILES[names.TRAINING_MODEL]),
-                                                    load_external_data=False).graph.node})
+    dry_run_artifact(out, manifest, recompute_budget_bytes if recompute == "budget" else None)
     return manifest

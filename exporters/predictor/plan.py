@@ -6,8 +6,10 @@ onnxruntime/core/framework/allocation_planner.cc (single stream) and session_sta
     Identity; PassThrough's k-th output) is its input's buffer; Relu, HardSigmoid and
     ScatterElements write into an input that dies there (same symbolic shape); otherwise the
     most recently freed buffer of the same symbolic shape and item size; otherwise a new
-    buffer. A buffer is freed after the node where its last reader runs. Graph outputs get
-    buffers of their own.
+    buffer. A buffer is freed after the node where its last reader runs; one no node reads
+    (a recomputed BatchNorm's output, when only its saved statistics are needed) is held to
+    the end of the step (allocation_planner.cc CalculateProgramCounter: no release action, so
+    its program counter ends with the program). Graph outputs get buffers of their own.
   * memory pattern: every new buffer whose shape ORT can resolve from the input shapes (all
     dimensions numbers or input symbols) is placed best-fit among the blocks live at that
     time, 64-byte aligned; the block's total is the pattern.
@@ -114,6 +116,7 @@ def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool) -
         use[x] = use.get(x, 0) + 1
     buf: dict[str, str] = {}
     new, free, end = set(), [], {}
+    read = {x for i in order for x in nodes[i].input if x}
 
     def base(x):
         return buf.get(x, x)
@@ -151,7 +154,9 @@ def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool) -
             if x and base(x) in use:
                 root = base(x)
                 use[root] -= 1
-                if use[root] == 0:
+                if use[root] == 0 and not memory_reuse and root in new and root not in read:
+                    end[root] = len(order) - 1  # read by no node: held to the step's end
+                elif use[root] == 0:
                     free.insert(0, root)
                     end[root] = t
     return _Reuse(buf, new, outputs, end)

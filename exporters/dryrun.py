@@ -4,8 +4,10 @@ ORT can build and load a training graph whose kernels then kill the process when
 (GRUGrad with its weight gradients left out died with SIGSEGV; AveragePoolGrad with SIGFPE).
 In the device's process that is a crash with no message, so the export runs the step first,
 in a child: forward and backward at micro-batch DRY_RUN_BATCH on zeros (three calls), an
-optimizer step, an eval forward, then the side graphs the artifact carries. A child killed by a signal, or one
-that fails, fails the export with what happened; nothing is written.
+optimizer step, an eval forward, then the side graphs the artifact carries (uncapped runs
+only: a budget plan is made for training, which the side graphs are not part of). A child
+killed by a signal, or one that fails, fails the export with what happened; nothing is
+written. A budget recompute plan's step runs at the plan's micro-batch, capped at the budget.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ try:  # as personalise runs: steps (ORT plans its memory pattern after the first
     rt.optimizer_step()
     rt.eval_logits(x)
     rt.train_micro_batch(x, y)
-    if names.MASK_GRAD_MODEL in rt.manifest.files:  # then the side graphs it may run
-        rt.dense_gradients([(x, y)])
-    if names.BATCHNORM_STATS_MODEL in rt.manifest.files:
+    side = not {budget!r}  # then, uncapped, the side graphs (RigL's dense gradients, BN
+    if side and names.MASK_GRAD_MODEL in rt.manifest.files:  # statistics): a run may use
+        rt.dense_gradients([(x, y)])  # them, and a budget plan is for training alone
+    if side and names.BATCHNORM_STATS_MODEL in rt.manifest.files:
         rt.reset_batchnorm([x])
 except BudgetError as e:
     sys.stderr.write(json.dumps({{"error": str(e), "needed_bytes": e.needed_bytes}}) + chr(10))

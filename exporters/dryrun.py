@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
+
 from edgetrain.budget import BudgetError
 
 DRY_RUN_BATCH = 2  # at least 2: batch statistics need two samples
@@ -80,10 +82,10 @@ class BudgetOverrunError(DryRunError, BudgetError):
         return int(planned_for * min(0.95, self.predicted_bytes / self.needed_bytes))
 
 
-def dry_run_step(folder: Path, operators: set[str], budget_bytes: int | None = None,
+def dry_run_step(folder: Path, training_model: Path, budget_bytes: int | None = None,
                  micro_batch: int = DRY_RUN_BATCH) -> None:
-    """Run the step in a child process; raise DryRunError if it fails. `operators`: the
-    training graph's operators, named in the error. With `budget_bytes`, the step runs at
+    """Run the step in a child process; raise DryRunError if it fails, naming the operators
+    of `training_model` (read only then). With `budget_bytes`, the step runs at
     `micro_batch` capped at the budget, as a device would: a recompute plan chosen by its
     predicted peak is confirmed by the allocator (BudgetOverrunError when it does not fit)."""
     import edgetrain
@@ -105,7 +107,7 @@ def dry_run_step(folder: Path, operators: set[str], budget_bytes: int | None = N
         report = json.loads(done.stderr.strip().splitlines()[-1])
         raise BudgetOverrunError(report["error"], report["needed_bytes"],
                                  budget_bytes=budget_bytes)
-    ops = ", ".join(sorted(operators))
+    ops = ", ".join(sorted({n.op_type for n in onnx.load(str(training_model)).graph.node}))
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
         raise DryRunError(
@@ -124,14 +126,11 @@ def dry_run_artifact(folder: Path, manifest, budget_bytes: int | None) -> None:
     """dry_run_step for a finished artifact folder. With `budget_bytes` (a recompute plan
     chosen for that budget by its predicted peak) the step runs at the plan's micro-batch,
     capped at the budget."""
-    import onnx
-
     from edgetrain import names
 
     train = folder / manifest.files[names.TRAINING_MODEL].path
-    ops = {n.op_type for n in onnx.load(str(train)).graph.node}
     try:
-        dry_run_step(folder, ops, budget_bytes, manifest.plan.micro_batch)
+        dry_run_step(folder, train, budget_bytes, manifest.plan.micro_batch)
     except BudgetOverrunError as e:
         predicted = manifest.predicted.get("peak_bytes")
         raise BudgetOverrunError(

@@ -209,7 +209,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                 (out / name).write_bytes((Path(tmp) / name).read_bytes())
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
-    check_loads(out, FILES, fwd, with_eval=False)  # a kernel ORT lacks fails before any work
+    check_loads(out, FILES, fwd)  # a kernel ORT lacks fails before any work (as rewritten:
+    # the dry run at the end opens the finished artifact)
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     fix_recurrent_grads(out / FILES[names.TRAINING_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
@@ -280,7 +281,6 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
         gradient_rewrites["Conv_nchwc"] = nchwc_convs
         plan = dataclasses.replace(plan, nchwc_block=host_block())
-    check_loads(out, FILES, fwd)  # and once more as rewritten, as the device will open it
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()
     manifest = Manifest(

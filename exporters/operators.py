@@ -96,13 +96,13 @@ _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node
 _FORWARD_ONLY = re.compile(r"(\w+) and \w+ kernel only supports the forward direction")
 
 
-def check_loads(folder, files: dict[str, str], forward: onnx.ModelProto,
-                with_eval: bool = True) -> None:
-    """Open the artifact's training Module (with its eval graph unless `with_eval` is False:
-    before the export's eval fixes) and Optimizer as the device will (no cap), and
-    raise UnsupportedOperatorError when ONNX Runtime cannot: a gradient that has no CPU kernel
+def check_loads(folder, files: dict[str, str], forward: onnx.ModelProto) -> None:
+    """Open the artifact's training Module (without its eval graph, which the export fixes
+    later) and Optimizer as the device will (no cap), right after ORT built them, and raise
+    UnsupportedOperatorError when ONNX Runtime cannot: a gradient that has no CPU kernel
     (Resize's), a recurrent cell ORT trains only forward (bidirectional LSTM/GRU). Without
-    this the export would succeed and every device run fail."""
+    this the export would succeed and every device run fail. The finished artifact is opened
+    again by the export's dry run (dryrun.py)."""
     from pathlib import Path
 
     from onnxruntime.training import api
@@ -115,8 +115,7 @@ def check_loads(folder, files: dict[str, str], forward: onnx.ModelProto,
     try:
         with native_stderr_captured(log):
             state = api.CheckpointState.load_checkpoint(path[names.CHECKPOINT])
-            module = api.Module(path[names.TRAINING_MODEL], state,
-                                path[names.EVAL_MODEL] if with_eval else None)
+            module = api.Module(path[names.TRAINING_MODEL], state)
             api.Optimizer(path[names.OPTIMIZER_MODEL], module)
     except Exception as e:  # noqa: BLE001 - ORT raises bare RuntimeErrors
         raise explain_load_failure(e, forward) from e

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli, device_python
+from conftest import cli, device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
 from exporters.norms import freeze_batchnorm_layers
@@ -58,16 +58,7 @@ def case(request, tmp_path_factory):
 def test_one_ort_step_equals_torch(case):
     """Loss and every gradient of one training step at the plan's batch."""
     x, y = case.x[:BATCH], case.y[:BATCH]
-    np.savez(case.root / "step.npz", x=x, y=y)
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(case.arts['none'])!r})
-z = np.load({str(case.root / 'step.npz')!r})
-loss = rt.train_micro_batch(z['x'], z['y'])
-grads = {{t.name: rt.state.parameters[t.name].grad.tolist() for t in rt.manifest.trainable}}
-print(json.dumps({{'loss': loss, 'grads': grads}}))
-""")
+    out = device_gradients(case.arts['none'], x, y)
     model = freeze_batchnorm_layers(case.model) if case.spec.freeze_batchnorm else case.model
     model.train().zero_grad()
     loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))

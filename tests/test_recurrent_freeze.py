@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import device_python
+from conftest import device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
 from exporters.onnxfixes import RECURRENT_GRADS
@@ -42,16 +42,7 @@ def test_partly_frozen_recurrent_cells_train_as_torch(tmp_path, cell, trained):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 10, 6)).astype(np.float32)
     y = rng.integers(0, 3, 4)
-    np.savez(tmp_path / "step.npz", x=x, y=y)
-    out = device_python(f"""
-import json, numpy as np
-from edgetrain.runtime import DeviceRuntime
-rt = DeviceRuntime({str(art)!r})
-z = np.load({str(tmp_path / 'step.npz')!r})
-loss = rt.train_micro_batch(z['x'], z['y'])
-grads = {{t.name: rt.state.parameters[t.name].grad.tolist() for t in rt.manifest.trainable}}
-print(json.dumps({{'loss': loss, 'grads': grads}}))
-""")
+    out = device_gradients(art, x, y)
     for name, p in model.named_parameters():
         p.requires_grad_(name in trainable)
     loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))

@@ -7,7 +7,10 @@ Each case is a one-node graph (ReluGrad, or a depthwise ConvGrad) run in an Infe
 with 2 intra-op threads, then the same graph after the rewrite; the median of 60 runs after 5
 warm-ups, and the largest difference between the two outputs. The depthwise rewrite is asked
 at micro-batch 1 and 2 threads with C5's predicted peak (an untrained export of C5's
-configuration), as C5 exports it: it skips only layers its rule finds too small. Results:
+configuration), as C5 exports it: it skips only layers its rule finds too small. The pointwise
+split (exporters/pointwisegrad.py) is timed on C6's pointwise layers at its watchos-extension
+micro-batch (7 patches of 32 x 32), with dX image by image and as one product
+(ONE_PRODUCT_MAX_PIXELS set for the case), against ORT's ConvGrad. Results:
 bench/results/gradkernels.json; table in docs/results.md (marker `gradkernels`).
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from onnx import TensorProto, helper
 
 from common import ROOT, replace_table, run, save_results
 from edgetrain.ort_device import onnxruntime
+from exporters import pointwisegrad
 from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
 
 DOC = ROOT / "docs" / "results.md"
@@ -28,6 +32,9 @@ THREADS, RUNS, WARMUP = 2, 60, 5
 DEPTHWISE = [(32, 112, 1), (64, 112, 2), (128, 56, 1), (128, 56, 2), (256, 28, 1),
              (512, 14, 1), (1024, 7, 1)]
 RELU = [(32, 112), (64, 112), (128, 56), (512, 14)]
+# C6's masked pointwise layers at micro-batch 7: (C_out, C_in, side)
+POINTWISE_BATCH = 7
+POINTWISE = [(1024, 1024, 4), (1024, 512, 4), (256, 256, 8), (128, 128, 16)]
 
 
 def _model(nodes, inputs: dict, outputs: dict):
@@ -64,6 +71,30 @@ def _case(label: str, make, rewrite, feed: dict) -> dict:
            "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(before, after))}
     print(row, flush=True)
     return row
+
+
+def _pointwise(x, y, c_out: int, c_in: int):
+    """ConvGrad of a 1 x 1 convolution whose weight the graph computes (W = Wp * 1), as a
+    masked layer's dense weight is rebuilt on each call."""
+    m = _model([helper.make_node("Mul", ["wp", "one"], ["w"]),
+                helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw"], domain="com.microsoft",
+                                 group=1, kernel_shape=[1, 1], pads=[0, 0, 0, 0],
+                                 strides=[1, 1], dilations=[1, 1])],
+               {"dy": y, "x": x, "wp": (c_out, c_in, 1, 1)}, {"dx": x, "dw": (c_out, c_in, 1, 1)})
+    m.graph.initializer.append(helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+    m.graph.value_info.append(helper.make_tensor_value_info("w", TensorProto.FLOAT,
+                                                            [c_out, c_in, 1, 1]))
+    return m
+
+
+def _split(model, most_pixels: int) -> int:
+    """rewrite_pointwise_grads with dX as one product up to `most_pixels` pixels an image."""
+    kept = pointwisegrad.ONE_PRODUCT_MAX_PIXELS
+    pointwisegrad.ONE_PRODUCT_MAX_PIXELS = most_pixels
+    try:
+        return pointwisegrad.rewrite_pointwise_grads(model)
+    finally:
+        pointwisegrad.ONE_PRODUCT_MAX_PIXELS = kept
 
 
 def c5_predicted_peak_bytes() -> int:
@@ -103,8 +134,16 @@ def main() -> None:
                                                 strides=[stride, stride], dilations=[1, 1])],
                               {"dy": y, "x": x, "w": w}, {"dx": x, "dw": w}),
                           lambda m: rewrite_depthwise_conv_grads(m, 1, THREADS, peak), feed))
+    for c_out, c_in, side in POINTWISE:
+        x, y = (POINTWISE_BATCH, c_in, side, side), (POINTWISE_BATCH, c_out, side, side)
+        feed = {"dy": rng.standard_normal(y, np.float32), "x": rng.standard_normal(x, np.float32),
+                "wp": rng.standard_normal((c_out, c_in, 1, 1), np.float32)}
+        for how, most in (("image by image", 0), ("one product", side * side)):
+            rows.append(_case(f"pointwise ConvGrad {c_out}x{c_in}, {POINTWISE_BATCH}x{side}x{side}"
+                              f", dX {how}", lambda x=x, y=y, c_out=c_out, c_in=c_in: _pointwise(
+                                  x, y, c_out, c_in), lambda m, most=most: _split(m, most), feed))
     save_results("gradkernels", rows)
-    lines = ["| node (MobileNetV1 at 224) | ORT's kernel | rewritten | speed-up | largest "
+    lines = ["| node (MobileNetV1 at 224; C6's pointwise layers) | ORT's kernel | rewritten | speed-up | largest "
              "difference |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         if r["replaced"]:

@@ -10,7 +10,9 @@ at micro-batch 1 and 2 threads with C5's predicted peak (an untrained export of 
 configuration), as C5 exports it: it skips only layers its rule finds too small. The pointwise
 split (exporters/pointwisegrad.py) is timed on C6's pointwise layers at its watchos-extension
 micro-batch (7 patches of 32 x 32), with dX image by image and as one product
-(ONE_PRODUCT_MAX_PIXELS set for the case), against ORT's ConvGrad. Results:
+(ONE_PRODUCT_MAX_PIXELS set for the case), against ORT's ConvGrad; and C6's stride-1 depthwise
+weight gradients at that micro-batch, ORT's ConvGrad (weight only) against the stacked NCHWc
+Conv of exporters/stackedgrad.py (where this CPU has NCHWc kernels). Results:
 bench/results/gradkernels.json; table in docs/results.md (marker `gradkernels`).
 """
 from __future__ import annotations
@@ -25,6 +27,8 @@ from common import ROOT, replace_table, run, save_results
 from edgetrain.ort_device import onnxruntime
 from exporters import pointwisegrad
 from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
+from exporters.nchwc import CHANNEL_MULTIPLE, host_block
+from exporters.stackedgrad import rewrite_stacked_weight_grads
 
 DOC = ROOT / "docs" / "results.md"
 THREADS, RUNS, WARMUP = 2, 60, 5
@@ -35,6 +39,8 @@ RELU = [(32, 112), (64, 112), (128, 56), (512, 14)]
 # C6's masked pointwise layers at micro-batch 7: (C_out, C_in, side)
 POINTWISE_BATCH = 7
 POINTWISE = [(1024, 1024, 4), (1024, 512, 4), (256, 256, 8), (128, 128, 16)]
+# C6's stride-1 depthwise layers at micro-batch 7: (channels, side)
+STACKED = [(1024, 4), (512, 4), (256, 8), (128, 16), (32, 32)]
 
 
 def _model(nodes, inputs: dict, outputs: dict):
@@ -142,6 +148,19 @@ def main() -> None:
             rows.append(_case(f"pointwise ConvGrad {c_out}x{c_in}, {POINTWISE_BATCH}x{side}x{side}"
                               f", dX {how}", lambda x=x, y=y, c_out=c_out, c_in=c_in: _pointwise(
                                   x, y, c_out, c_in), lambda m, most=most: _split(m, most), feed))
+    for c, side in STACKED if host_block() > 1 else []:
+        x, w = (POINTWISE_BATCH, c, side, side), (c, 1, 3, 3)
+        feed = {"dy": rng.standard_normal(x, np.float32), "x": rng.standard_normal(x, np.float32),
+                "w": rng.standard_normal(w, np.float32)}
+        rows.append(_case(f"depthwise weight gradient {c}x{side}x{side}, {POINTWISE_BATCH} "
+                          "patches, stacked", lambda x=x, w=w: _model(
+                              [helper.make_node("ConvGrad", ["dy", "x", "w"], ["", "dw"],
+                                                domain="com.microsoft", group=w[0],
+                                                kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                                strides=[1, 1], dilations=[1, 1])],
+                              {"dy": x, "x": x, "w": w}, {"dw": w}),
+                          lambda m: rewrite_stacked_weight_grads(m, host_block(),
+                                                                 CHANNEL_MULTIPLE), feed))
     save_results("gradkernels", rows)
     lines = ["| node (MobileNetV1 at 224; C6's pointwise layers) | ORT's kernel | rewritten | speed-up | largest "
              "difference |", "|---|---:|---:|---:|---:|"]

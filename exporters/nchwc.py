@@ -19,9 +19,10 @@ Measured (bench/nchwc.py, AVX-512): the 1024-channel 4x4 layer at 28 patches 3.2
 with both reorders, 32 channels at 32x32 1.21 -> 0.46 ms; C6's step 1.2x (one patch) to 1.4x
 (28) faster. The reorders cost two copies
 of the layer's input and output while it runs (the memory predictor models them as any
-tensors of the graph). The weight gradients stay with ORT's ConvGrad: a stacked NCHWc form
-was 3x faster on 4x4 maps but its Pad nodes (ORT's Pad is slow on short rows) and strided
-input gradients (a zero-spreading Pad) cost more than they saved; not kept.
+tensors of the graph). Stride-1 depthwise weight gradients become stacked NCHWc Convs first
+(exporters/stackedgrad.py, run by rewrite_nchwc_file): an earlier stacked form, padded in
+plain NCHW, lost what it saved to ORT's Pad on short rows; padding whole NCHWc rows does not.
+Strided layers keep ORT's ConvGrad (their input gradient would need a zero-spreading Pad).
 
 The block is the host's: 16 channels with AVX-512, 8 with AVX2 (MLAS picks it at start-up;
 edgetrain.nchwcprobe finds it). The manifest records it (plan.nchwc_block) and the runtime
@@ -69,7 +70,6 @@ def _depthwise(node, shapes) -> tuple[list, dict] | None:
     if any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("auto_pad", b"NOTSET") not in (
             b"NOTSET", "NOTSET"):
         return None
-    a.setdefault("kernel_shape", list(w[2:]))
     a.setdefault("strides", [1, 1])
     a.setdefault("pads", [0, 0, 0, 0])
     return w, a
@@ -90,13 +90,14 @@ class _Builder:
         """W in OIHWBo order (computed once per weight tensor)."""
         if w in self.reordered:
             return self.reordered[w]
-        c, kh, kw = wshape[0], wshape[2], wshape[3]
+        c, kw = wshape[0], wshape[3]  # kh: -1, a stacked kernel's height follows the batch
         out = w + SUFFIX
         nodes += [helper.make_node("Reshape", [w, self.const(base + "/fs1", [
-                      c // self.block, self.block, kh * kw])], [out + "_3d"], name=base + "/f1"),
+                      c // self.block, self.block, -1])], [out + "_3d"], name=base + "/f1"),
                   helper.make_node("Transpose", [out + "_3d"], [out + "_t"], perm=[0, 2, 1],
                                    name=base + "/ft"),
-                  helper.make_node("Reshape", [out + "_t", self.const(base + "/fs2", wshape)],
+                  helper.make_node("Reshape", [out + "_t", self.const(base + "/fs2",
+                                                                      [c, 1, -1, kw])],
                                    [out], name=base + "/f2")]
         self.reordered[w] = out
         return out
@@ -110,9 +111,9 @@ class _Builder:
                                    domain=NCHWC_DOMAIN),
                   helper.make_node("Conv", [y + SUFFIX + "_in", wr] + ([bias] if bias else []),
                                    [y + SUFFIX + "_out"], name=base + "/conv",
-                                   domain=NCHWC_DOMAIN, group=c,
-                                   kernel_shape=list(a["kernel_shape"]),
-                                   strides=list(a["strides"]), pads=list(a["pads"])),
+                                   domain=NCHWC_DOMAIN, group=c, strides=list(a["strides"]),
+                                   pads=list(a["pads"]), **({"kernel_shape": list(
+                                       a["kernel_shape"])} if "kernel_shape" in a else {})),
                   helper.make_node("ReorderOutput", [y + SUFFIX + "_out"], [y],
                                    name=base + "/out", domain=NCHWC_DOMAIN, channels=c)]
 
@@ -143,18 +144,22 @@ def rewrite_depthwise_nchwc(model: onnx.ModelProto, shapes: dict, block: int) ->
     return counts
 
 
-def rewrite_nchwc_file(path: Path, batch: int) -> int:
-    """rewrite_depthwise_nchwc on the training graph file at `path` with this machine's
-    block, saved back; the shapes are ONNX's and the gradient rules' at `batch`. Returns how
-    many Convs were replaced (0 where the host has no NCHWc kernels)."""
+def rewrite_nchwc_file(path: Path, batch: int) -> tuple[int, int]:
+    """On the training graph file at `path`, with this machine's block: depthwise weight
+    gradients stacked into depthwise Convs (exporters/stackedgrad.py), then every depthwise
+    Conv in NCHWc kernels (rewrite_depthwise_nchwc; the shapes ONNX's and the gradient rules'
+    at `batch`); saved back. Returns how many weight gradients were stacked and how many
+    Convs replaced (0, 0 where the host has no NCHWc kernels)."""
     from exporters.predictor.shapes import tensor_shapes
+    from exporters.stackedgrad import rewrite_stacked_weight_grads
 
     block = host_block()
     if block <= 1:
-        return 0
+        return 0, 0
     m = onnx.load(str(path))
+    stacked = rewrite_stacked_weight_grads(m, block, CHANNEL_MULTIPLE)
     shapes = {k: list(v[0]) for k, v in tensor_shapes(m, batch).items()}
     count = rewrite_depthwise_nchwc(m, shapes, block)["Conv"]
-    if count:
+    if count or stacked:
         onnx.save(m, str(path))
-    return count
+    return stacked, count

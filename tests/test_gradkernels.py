@@ -135,9 +135,11 @@ def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):
                         classes=["a", "b", "c"], model_name="dw", plan=Plan(micro_batch=4))
     from exporters.nchwc import host_block
     # the depthwise layer's forward Conv and its input-gradient Conv go into NCHWc kernels
-    # where this CPU has them (tests/test_nchwc.py)
+    # where this CPU has them (tests/test_nchwc.py), and so does its weight gradient
+    # (tests/test_stackedgrad.py)
     assert m.provenance["gradient_rewrites"] == {
-        "ReluGrad": 2, "ConvGrad": 1, **({"Conv_nchwc": 2} if host_block() > 1 else {})}
+        "ReluGrad": 2, "ConvGrad": 1, **({"Conv_nchwc": 2, "ConvGrad_depthwise_weight_stacked": 1}
+                                         if host_block() > 1 else {})}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((m.plan.micro_batch, 3, 64, 64)).astype(np.float32)
     y = rng.integers(0, 3, m.plan.micro_batch)

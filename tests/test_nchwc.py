@@ -126,7 +126,9 @@ def test_training_step_gradients_equal_ort_kernels(tmp_path):
         graph = onnx.load(str(out / "training_model.onnx"))
         convs = sum(n.domain == NCHWC_DOMAIN and n.op_type == "Conv" for n in graph.graph.node)
         assert m.plan.nchwc_block == (host_block() if nchwc else 0)
-        assert (m.provenance["gradient_rewrites"].get("Conv_nchwc", 0) == convs) and (
+        rewrites = m.provenance["gradient_rewrites"]
+        assert (rewrites.get("Conv_nchwc", 0) + rewrites.get(
+            "ConvGrad_depthwise_weight_stacked", 0) == convs) and (
             convs >= 2 if nchwc else convs == 0)  # the two depthwise layers at least
         got[nchwc] = device_gradients(out, x, y)
     assert got[True]["loss"] == pytest.approx(got[False]["loss"], rel=1e-5)

@@ -119,6 +119,11 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
                 shape = out[n.input[0]][0]
                 perm = _attr(n, "perm") or list(range(len(shape)))[::-1]
                 out[o] = (tuple(shape[int(a)] for a in perm), out[n.input[0]][1])
+            elif n.op_type == "Pad" and n.input[0] in out and n.input[1] in consts:
+                shape, pads = out[n.input[0]][0], [int(p) for p in consts[n.input[1]]]
+                if len(pads) == 2 * len(shape):  # every axis padded (no axes input)
+                    out[o] = (tuple(d + pads[i] + pads[i + len(shape)]
+                                    for i, d in enumerate(shape)), out[n.input[0]][1])
             elif (n.op_type == "Reshape" and n.input[0] in out and n.input[1] in consts):
                 out[o] = (_reshaped(out[n.input[0]][0], consts[n.input[1]]), out[n.input[0]][1])
     return out

@@ -112,8 +112,7 @@ def late_rewrites(train: Path, plan: Plan, nchwc: bool) -> tuple[int, int, int, 
     depthwise convolutions in NCHWc kernels. Returns how many of each were rewritten."""
     unpools = rewrite_dense_builds_file(train) if plan.dense_build == "unpool" else 0
     split = rewrite_pointwise_grads_file(train)
-    return (unpools, split, *(rewrite_nchwc_file(train, plan.micro_batch) if nchwc
-                              else (0, 0)))
+    return unpools, split, *(rewrite_nchwc_file(train, plan.micro_batch) if nchwc else (0, 0))
 
 
 def _replace_folder(work: Path, out: Path) -> None:
@@ -277,12 +276,10 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
     dense_unpools, split, stacked, nchwc_convs = late_rewrites(
         out / FILES[names.TRAINING_MODEL], plan, nchwc)
-    if split:  # computed weights' pointwise ConvGrads: dX first, then dW in W's place
-        gradient_rewrites["ConvGrad_pointwise_split"] = split
-    if stacked:  # depthwise weight gradients as one stacked depthwise Conv each
-        gradient_rewrites["ConvGrad_depthwise_weight_stacked"] = stacked
-    if nchwc_convs:  # recorded where there are some, as plan.nchwc_block is
-        gradient_rewrites["Conv_nchwc"] = nchwc_convs
+    gradient_rewrites.update((k, n) for k, n in (  # recorded where there are some
+        ("ConvGrad_pointwise_split", split), ("ConvGrad_depthwise_weight_stacked", stacked),
+        ("Conv_nchwc", nchwc_convs)) if n)
+    if nchwc_convs:  # as plan.nchwc_block is
         plan = dataclasses.replace(plan, nchwc_block=host_block())
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()

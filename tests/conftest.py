@@ -79,6 +79,21 @@ def device_python(code: str, timeout: float = 300) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def assert_device_step_equals_torch(artifact: Path, model, x: np.ndarray, y: np.ndarray,
+                                    atol: float) -> None:
+    """One micro-batch of (x, y): the runtime's loss and every gradient equal torch's on
+    `model` (the same network the artifact was exported from)."""
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    got = device_gradients(artifact, x, y)
+    assert abs(got["loss"] - loss.item()) < 1e-5
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(got["grads"][name], p.grad.numpy(), rtol=1e-4, atol=atol,
+                                   err_msg=name)
+
+
 def device_gradients(artifact: Path, x: np.ndarray, y: np.ndarray) -> dict:
     """One training micro-batch of (x, y) on the artifact in a torch-free child: {"loss": the
     runtime's loss, "grads": trainable name -> its gradient as nested lists}."""

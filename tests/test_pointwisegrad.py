@@ -14,7 +14,7 @@ from exporters.graph import execution_order
 from exporters.pointwisegrad import ONE_PRODUCT_MAX_PIXELS, rewrite_pointwise_grads
 from exporters.sparse import sparsify
 
-from conftest import device_gradients
+from conftest import assert_device_step_equals_torch
 
 
 def _grad_model(c_out=8, c_in=6, size=5, computed=True, stride=1, bias=True):
@@ -107,11 +107,4 @@ def test_sparse_export_gradients_match_torch(tmp_path):
     torch.manual_seed(0)
     model, _ = sparsify(_Net(), 0.5, "uniform")
     x = np.random.default_rng(1).standard_normal((3, 3, 6, 6)).astype(np.float32)
-    y = np.array([0, 1, 2])
-    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    got = device_gradients(out, x, y)
-    assert abs(got["loss"] - loss.item()) < 1e-5
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(got["grads"][name], p.grad.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+    assert_device_step_equals_torch(out, model, x, np.array([0, 1, 2]), atol=1e-6)

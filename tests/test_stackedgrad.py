@@ -12,7 +12,7 @@ from exporters.export import export_artifact
 from exporters.nchwc import CHANNEL_MULTIPLE, host_block
 from exporters.stackedgrad import rewrite_stacked_weight_grads
 
-from conftest import device_gradients
+from conftest import assert_device_step_equals_torch
 
 needs_nchwc = pytest.mark.skipif(host_block() <= 1, reason="this CPU has no NCHWc kernels")
 
@@ -95,11 +95,4 @@ def test_training_step_equals_torch_at_other_micro_batches(tmp_path, batch):
                         plan=Plan(micro_batch=3))
     assert m.provenance["gradient_rewrites"]["ConvGrad_depthwise_weight_stacked"] == 2
     x = np.random.default_rng(1).standard_normal((batch, 3, 8, 8)).astype(np.float32)
-    y = np.arange(batch) % 4
-    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    got = device_gradients(out, x, y)
-    assert abs(got["loss"] - loss.item()) < 1e-5
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(got["grads"][name], p.grad.numpy(), rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+    assert_device_step_equals_torch(out, model, x, np.arange(batch) % 4, atol=1e-5)

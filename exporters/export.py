@@ -279,7 +279,7 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
     gradient_rewrites.update((k, n) for k, n in (  # recorded where there are some
         ("ConvGrad_pointwise_split", split), ("ConvGrad_depthwise_weight_stacked", stacked),
         ("Conv_nchwc", nchwc_convs)) if n)
-    if nchwc_convs:  # as plan.nchwc_block is
+    if nchwc_convs or stacked:  # blocked layouts in the graph: the block is recorded
         plan = dataclasses.replace(plan, nchwc_block=host_block())
     predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
                         plan.threads).to_dict()

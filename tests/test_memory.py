@@ -166,3 +166,16 @@ def test_personalise_reports_its_own_peak_equal_to_measure(tiny_artifact, tmp_pa
     assert own == measure_json(tiny_artifact, "--no-select")["peak_bytes"] > 0
     assert json.loads((tmp_path / "r" / "result.json").read_text())["measured_peak_bytes"] == own
     assert "bfc_arena" not in p.stderr and "[I:onnxruntime" not in p.stderr
+
+
+def test_a_capture_passes_on_errors_and_foreign_lines_only():
+    """ORT's info and warning lines stay in the capture, as its default severity (ERROR)
+    keeps them out of every other run; its errors and other programs' lines show."""
+    from edgetrain.arenacapture import passed_on
+
+    warn = ("\x1b[0;93m2026-11-26 05:10:59.5 [W:onnxruntime:Default, graph.cc:4198 "
+            "CleanUnusedInitializersAndNodeArgs] Removing initializer 'c'.\x1b[m")
+    assert not passed_on(warn)
+    assert not passed_on(warn.replace("[W:", "[I:")) and not passed_on("  ")
+    assert passed_on(warn.replace("[W:", "[E:"))
+    assert passed_on("malloc(): corrupted top size")

@@ -24,6 +24,7 @@ from edgetrain.budget import BudgetError
 
 DRY_RUN_BATCH = 2  # at least 2: batch statistics need two samples
 DRY_RUN_TIMEOUT_S = 600
+OVER_BUDGET_EXIT = 3  # the child's exit status when the capped step did not fit
 
 _STEP = """
 import json, sys
@@ -34,10 +35,7 @@ from edgetrain.runtime import DeviceRuntime
 try:
     rt = DeviceRuntime({folder!r}, budget_bytes={budget!r})
     rt.set_micro_batch({batch} if {budget!r} else min({batch}, rt.manifest.plan.micro_batch))
-except BudgetError as e:
-    sys.stderr.write(json.dumps({{"error": str(e), "needed_bytes": e.needed_bytes}}) + chr(10))
-    sys.exit(3)
-try:  # as personalise runs: steps (ORT plans its memory pattern after the first), eval
+    # as personalise runs: steps (ORT plans its memory pattern after the first), eval
     rt.preflight()
     x = np.zeros((rt.micro_batch, *rt.manifest.input.sample_shape), np.float32)
     y = np.zeros(rt.micro_batch, np.int64)
@@ -53,9 +51,8 @@ try:  # as personalise runs: steps (ORT plans its memory pattern after the first
         rt.reset_batchnorm([x])
 except BudgetError as e:
     sys.stderr.write(json.dumps({{"error": str(e), "needed_bytes": e.needed_bytes}}) + chr(10))
-    sys.exit(3)
+    sys.exit({over_budget_exit})
 """
-OVER_BUDGET_EXIT = 3
 
 
 class DryRunError(ValueError):
@@ -91,7 +88,8 @@ def dry_run_step(folder: Path, training_model: Path, budget_bytes: int | None = 
     import edgetrain
 
     code = _STEP.format(folder=str(folder), batch=micro_batch if budget_bytes else
-                        DRY_RUN_BATCH, budget=budget_bytes)
+                        DRY_RUN_BATCH, budget=budget_bytes,
+                        over_budget_exit=OVER_BUDGET_EXIT)
     home = str(Path(edgetrain.__file__).resolve().parents[1])  # wherever this one came from
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [home] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}

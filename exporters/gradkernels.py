@@ -45,7 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from exporters.graph import stated_shapes
+from exporters.graph import attributes, stated_shapes
 
 REWRITTEN_SUFFIX = "_fastgrad"
 
@@ -79,18 +79,16 @@ BUFFER_SHARE = 8  # rewrite where the Conv's working buffer is at most 1/8 of dX
 PEAK_SHARE = 100  # ...or at most 1/100 of the step's predicted peak
 
 
-def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int,
-                       peak_bytes: int | None = None) -> list[int] | None:
-    """The input-gradient Conv's pads if `node` is the ConvGrad of a depthwise convolution at
-    stride 1 and dilation 1 whose input gradient is used, and the Conv's working buffer is
-    small beside its input gradient at `micro_batch` (BUFFER_SHARE) or beside the step's
-    predicted peak `peak_bytes` (PEAK_SHARE), else None."""
-    if node.op_type != "ConvGrad" or not node.output or not node.output[0]:
+def depthwise_stride1(node, shapes: dict) -> tuple[list, list, list] | None:
+    """(X shape, kernel, pads) if `node` is the ConvGrad of a depthwise convolution (one filter
+    per channel) at stride 1 and dilation 1 whose channels, spatial sizes and kernel the graph
+    states, else None. exporters/stackedgrad.py takes the same layers' weight gradients."""
+    if node.op_type != "ConvGrad":
         return None
-    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    a = attributes(node)
     x, w = shapes.get(node.input[1]), shapes.get(node.input[2])
     group, kernel = int(a.get("group", 1)), list(a.get("kernel_shape", []))
-    if not x or not w or len(x) < 3 or None in w or group == 1 or x[1] != group:
+    if not x or not w or len(x) < 3 or None in w or None in x[1:] or group == 1 or x[1] != group:
         return None
     if w[0] != group or w[1] != 1 or w[2:] != kernel or a.get("auto_pad", b"NOTSET") != b"NOTSET":
         return None
@@ -98,9 +96,21 @@ def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int,
     if any(s != 1 for s in a.get("strides", [1] * rank)) or any(
             d != 1 for d in a.get("dilations", [1] * rank)):
         return None
-    pads = list(a.get("pads", [0] * 2 * rank))
+    return x, kernel, list(a.get("pads", [0] * 2 * rank))
+
+
+def _depthwise_stride1(node, shapes: dict, micro_batch: int, threads: int,
+                       peak_bytes: int | None = None) -> list[int] | None:
+    """The input-gradient Conv's pads if `node` is a stride-1 depthwise ConvGrad
+    (depthwise_stride1) whose input gradient is used, and the Conv's working buffer is
+    small beside its input gradient at `micro_batch` (BUFFER_SHARE) or beside the step's
+    predicted peak `peak_bytes` (PEAK_SHARE), else None."""
+    found = depthwise_stride1(node, shapes)
+    if found is None or not node.output or not node.output[0]:
+        return None
+    x, kernel, pads = found
     flipped = [k - 1 - p for k, p in zip(kernel * 2, pads)]
-    if any(p < 0 for p in flipped) or None in x[1:]:
+    if any(p < 0 for p in flipped):
         return None
     dx_bytes = micro_batch * int(np.prod(x[1:])) * 4
     buffer = max(1, threads) * MLAS_CONV_BUFFER_BYTES_PER_THREAD

@@ -1,10 +1,12 @@
 """The one set of graph helpers every host-side tool uses: loading a graph without its weights,
 ORT's execution order, the graph as ORT runs it (Identity nodes removed), and the walks back
-from a tensor to the nodes that compute it.
+from a tensor to the nodes that compute it; and int64 constants for the rewrites that add nodes.
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from edgetrain import names
 
@@ -151,3 +153,11 @@ def stated_shapes(model: onnx.ModelProto) -> dict[str, list]:
         shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
                           for d in v.type.tensor_type.shape.dim]
     return shapes
+
+
+def int64_constant(graph: onnx.GraphProto, name: str, values) -> str:
+    """`name`, an int64 initializer holding `values` (a shape, axes, pads), added to `graph`
+    unless it is there already: rewrites share one per name."""
+    if not any(t.name == name for t in graph.initializer):
+        graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+    return name

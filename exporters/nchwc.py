@@ -35,13 +35,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from edgetrain.names import NCHWC_DOMAIN
 from edgetrain.nchwcprobe import nchwc_block
-from exporters.graph import attributes
+from exporters.graph import attributes, int64_constant
 
 SUFFIX = "_nchwc"
 CHANNEL_MULTIPLE = 16  # a layer's channels must be a multiple of every block MLAS uses (8, 16)
@@ -82,9 +81,7 @@ class _Builder:
         self.model, self.block, self.reordered = model, block, {}
 
     def const(self, name: str, values) -> str:
-        self.model.graph.initializer.append(
-            numpy_helper.from_array(np.asarray(values, np.int64), name))
-        return name
+        return int64_constant(self.model.graph, name, values)
 
     def filter_for(self, w: str, wshape: list, base: str, nodes: list) -> str:
         """W in OIHWBo order (computed once per weight tensor)."""

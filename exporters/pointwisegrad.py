@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from exporters.graph import ensure_ms_domain, stated_shapes
+from exporters.graph import ensure_ms_domain, int64_constant, stated_shapes
 from exporters.sparsegrad import pointwise_conv_grad
 
 SUFFIX = "_pwgrad"
@@ -71,11 +71,6 @@ def rewrite_pointwise_grads(model: onnx.ModelProto) -> int:
     return count
 
 
-def _const(graph, name: str, values: list[int]) -> str:
-    if not any(t.name == name for t in graph.initializer):
-        graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
-    return name
-
 
 def _state_batch_dim(graph, x: str, tensors: dict[str, list]) -> None:
     """Give `tensors` (name -> dims, None for X's first dimension) X's symbolic batch in the
@@ -95,22 +90,23 @@ def _nodes(g, c_out: int, c_in: int, pixels: list, graph) -> list:
     dy, x, w = g.input[0], g.input[1], g.input[2]
     dx, dw = g.output[0], g.output[1]
     b = (g.name or dx) + SUFFIX
-    view = _const(graph, "pwgrad_view", [0, 0, -1])  # [N, C, *pixels] -> [N, C, P]
-    rows = _const(graph, "pwgrad_rows", [0, -1])  # [C, N, P] -> [C, N*P]
-    w2 = helper.make_node("Reshape", [w, _const(graph, f"pwgrad_w_{c_out}_{c_in}",
-                                                [c_out, c_in])], [b + "/w2"], b + "/w2")
-    dx_shape = _const(graph, "pwgrad_x_" + "_".join(map(str, [c_in, *pixels])),
-                      [0, c_in, *pixels])
-    dy_rows = [helper.make_node("Transpose", [b + "/dy3"], [b + "/dyt3"], b + "/dyt",
-                                perm=[1, 0, 2]),
-               helper.make_node("Reshape", [b + "/dyt3", rows], [b + "/dyt_all"], b + "/dyt2")]
+    view = int64_constant(graph, "pwgrad_view", [0, 0, -1])  # [N, C, *pixels] -> [N, C, P]
+    rows = int64_constant(graph, "pwgrad_rows", [0, -1])  # [C, N, P] -> [C, N*P]
+    w2 = helper.make_node("Reshape", [w, int64_constant(graph, f"pwgrad_w_{c_out}_{c_in}",
+                                                        [c_out, c_in])], [b + "/w2"], b + "/w2")
+    dx_shape = int64_constant(graph, "pwgrad_x_" + "_".join(map(str, [c_in, *pixels])),
+                              [0, c_in, *pixels])
+    p = int(np.prod(pixels))
+
+    def dy_rows(src: str, out: str) -> list:  # dY as [C_out, N*P], for dW (and dX)
+        return [helper.make_node("Transpose", [src], [b + "/dyt3"], b + "/dyt", perm=[1, 0, 2]),
+                helper.make_node("Reshape", [b + "/dyt3", rows], [out], b + "/dyt2")]
+
     nodes = [helper.make_node("Reshape", [dy, view], [b + "/dy3"], b + "/dy3"), w2]
-    if int(np.prod(pixels)) <= ONE_PRODUCT_MAX_PIXELS:  # dX as one product (docstring)
-        per_image = _const(graph, f"pwgrad_cols_{c_in}_{int(np.prod(pixels))}",
-                           [c_in, -1, int(np.prod(pixels))])
-        _state_batch_dim(graph, x, {b + "/dxt3": [c_in, None, int(np.prod(pixels))],
-                                    b + "/dx3": [None, c_in, int(np.prod(pixels))]})
-        nodes += dy_rows + [
+    if p <= ONE_PRODUCT_MAX_PIXELS:  # dX as one product (docstring)
+        per_image = int64_constant(graph, f"pwgrad_cols_{c_in}_{p}", [c_in, -1, p])
+        _state_batch_dim(graph, x, {b + "/dxt3": [c_in, None, p], b + "/dx3": [None, c_in, p]})
+        nodes += dy_rows(b + "/dy3", b + "/dyt_all") + [
             helper.make_node("FusedMatMul", [b + "/w2", b + "/dyt_all"], [b + "/dxt"], b + "/dx",
                              domain=MS_DOMAIN, transA=1, transB=0, alpha=1.0),
             helper.make_node("Reshape", [b + "/dxt", per_image], [b + "/dxt3"], b + "/dxt3"),
@@ -127,22 +123,18 @@ def _nodes(g, c_out: int, c_in: int, pixels: list, graph) -> list:
             # dW after dX: W's last reader has run, so its buffer is free for dW
             helper.make_node("PassThrough", [b + "/dy3", b + "/dx3"],
                              [b + "/dy3_after", b + "/dx3_seen"], b + "/after_dx",
-                             domain=MS_DOMAIN)]
-        dy_rows[0].input[0] = b + "/dy3_after"
-        dy_rows[1].output[0] = b + "/dyt"
-        nodes += dy_rows
+                             domain=MS_DOMAIN)] + dy_rows(b + "/dy3_after", b + "/dyt")
     nodes += [
         helper.make_node("Reshape", [x, view], [b + "/x3"], b + "/x3"),
         helper.make_node("Transpose", [b + "/x3"], [b + "/xt3"], b + "/xt", perm=[1, 0, 2]),
         helper.make_node("Reshape", [b + "/xt3", rows], [b + "/xt"], b + "/xt2"),
         helper.make_node("FusedMatMul", [b + "/dyt", b + "/xt"], [b + "/dw2"], b + "/dw",
                          domain=MS_DOMAIN, transA=0, transB=1, alpha=1.0),
-        helper.make_node("Reshape", [b + "/dw2", _const(graph, f"pwgrad_wshape_{c_out}_{c_in}_"
-                                                        f"{len(pixels)}",
-                                                        [c_out, c_in] + [1] * len(pixels))],
-                         [dw], b + "/dw_shape")]
+        helper.make_node("Reshape", [b + "/dw2", int64_constant(
+            graph, f"pwgrad_wshape_{c_out}_{c_in}_{len(pixels)}",
+            [c_out, c_in] + [1] * len(pixels))], [dw], b + "/dw_shape")]
     if len(g.output) > 2 and g.output[2]:
-        axes = _const(graph, f"pwgrad_bias_axes_{len(pixels)}",
+        axes = int64_constant(graph, f"pwgrad_bias_axes_{len(pixels)}",
                       [0] + list(range(2, 2 + len(pixels))))
         nodes.append(helper.make_node("ReduceSum", [dy, axes], [g.output[2]], b + "/db",
                                       keepdims=0))

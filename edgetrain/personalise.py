@@ -104,6 +104,8 @@ class PersonaliseResult:
     # which test windows were right before and after, "0"/"1" each in order (paired bootstrap)
     test_correct_before: str | None = None
     test_correct_after: str | None = None
+    # the recording (or block) of each test window, for intervals over recordings
+    test_recordings: list | None = None
     # the peak bytes of this process's training working set, from ORT's allocator log
     # (edgetrain/arenacapture.py; a resumed run: since it resumed)
     measured_peak_bytes: int | None = None
@@ -116,7 +118,8 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                 test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
                 budget_bytes: int | None, config: TrainConfig = TrainConfig(),
                 progress=None, threads: int | None = None, resume: bool = False,
-                val: tuple[np.ndarray, np.ndarray] | None = None) -> PersonaliseResult:
+                val: tuple[np.ndarray, np.ndarray] | None = None,
+                test_groups: np.ndarray | None = None) -> PersonaliseResult:
     """Train `artifact` on `train` = (x, y) in a runtime capped at `budget_bytes`
     (edgetrain/trainloop.py), in the run folder `out`, held for this process
     (edgetrain/runfolder.py): never an artifact folder or inside one; a second run on it is
@@ -125,14 +128,18 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     keeps the population model when personalising did not help. x and y must already be
     checked against the manifest (edgetrain.data.check_xy). Writes out/checkpoint,
     out/inference.onnx and out/result.json; resume: continue from the newest intact resume
-    point in `out` (start afresh if it has none yet)."""
+    point in `out` (start afresh if it has none yet). test_groups: the recording of each test
+    window, recorded in the result for intervals over recordings (edgetrain/intervals.py)."""
     check_placement(out, artifact)
     with RunLock(out), StopRequests() as stop:
         with ArenaCapture(onnxruntime()) as arena:  # the run's own peak, from ORT's log
             fields = trainloop.run(artifact, train, val, test, Path(out), budget_bytes,
                                    config, progress, threads, resume, stop, arena.mark)
+        groups = None if test is None or test_groups is None else \
+            [int(g) for g in test_groups]
         result = PersonaliseResult(torch_loaded=sys.modules.get("torch") is not None,
-                                   measured_peak_bytes=arena.peak_bytes(), **fields)
+                                   measured_peak_bytes=arena.peak_bytes(),
+                                   test_recordings=groups, **fields)
         atomic_write_bytes(Path(out) / names.RUN_RESULT,
                            json.dumps(result.to_dict(), indent=2).encode())
         return result

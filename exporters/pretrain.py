@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from edgetrain import data
+from edgetrain import data, datasets
 from edgetrain.atomicfile import atomic_write
 from edgetrain.manifest import Manifest, Plan
 from exporters.dst import DstConfig, TorchMasks
@@ -56,6 +56,7 @@ class PretrainConfig:
     patches_per_window: int = 8
     seed: int = 0
     also_held_out: tuple[int, ...] = ()  # more subjects kept out of the population
+    dataset: str = "watch"  # edgetrain.datasets: the recordings the population comes from
     dst: DstConfig | None = None  # sparse epochs after the dense ones (exporters/dst.py)
 
     @property
@@ -68,6 +69,8 @@ def cache_key(cfg: PretrainConfig) -> str:
     for name in ("also_held_out", "dst"):  # absent when unused: older cache keys stay valid
         if not fields[name]:
             del fields[name]
+    if fields["dataset"] == "watch":
+        del fields["dataset"]
     if cfg.dst is not None:
         fields["dst_version"] = DST_VERSION
     blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True).encode()
@@ -79,14 +82,15 @@ def pretrain(cfg: PretrainConfig, cache_dir: Path | None = Path(".cache/pretrain
     """Train (or load from cache) the population model. Returns (model, summary).
 
     With cfg.dst, the dense model of the same config (cached too) trains on under masks."""
-    recs = data.load_recordings()
-    xw, yw = data.population_windows(recs, cfg.held_out)
+    recs = datasets.recordings(cfg.dataset)
+    xw, yw = datasets.population_windows(cfg.dataset, cfg.held_out)
     mean, scale = data.channel_stats(xw)
     torch.manual_seed(cfg.seed)  # the initial weights too: one config, one model
     model, spec = build_network(cfg.model, len(recs.classes), cfg.width)
     summary = {"population_subjects": sorted(int(s) for s in set(recs.subject.tolist())
                                              if s not in cfg.held_out),
-               "holdout_user": cfg.holdout_user, "held_out_users": list(cfg.held_out),
+               "dataset": cfg.dataset, "holdout_user": cfg.holdout_user,
+               "held_out_users": list(cfg.held_out),
                "windows": int(len(yw)), "channel_mean": mean, "channel_scale": scale,
                "config": asdict(cfg)}
     cached = cache_dir / f"{cfg.model}-{cache_key(cfg)}.pt" if cache_dir else None
@@ -176,7 +180,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
     def export_one(chosen: str | None, folder) -> Manifest:
         return export_artifact(
             model, spec.example_input(2, data.WINDOW_SAMPLES), folder,
-            classes=data.load_recordings().classes, plan=plan, lr=lr, model_name=cfg.model,
+            classes=datasets.recordings(cfg.dataset).classes, plan=plan, lr=lr, model_name=cfg.model,
             preprocess_args=stats, provenance=provenance, recompute=recompute,
             recompute_budget_bytes=recompute_budget_bytes, update=chosen,
             int8_frozen=int8_frozen, nchwc=nchwc, **shape, **mask_options)
@@ -192,7 +196,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
 
         def score(names) -> float:
             return updatesearch.contribution(inner_model, spec, s["channel_mean"],
-                                             s["channel_scale"], inner, names)
+                                             s["channel_scale"], inner, names, cfg.dataset)
 
         layers = sum(p.dim() >= 2 for p in model.parameters())
         result = updatesearch.search(export_one, layers, update_budget_bytes, score, inner)
@@ -200,7 +204,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         update = result.chosen
     m = export_one(update, out)
     if m.plan.frozen_int8:
-        xw, yw = data.population_windows(data.load_recordings(), cfg.held_out)
+        xw, yw = datasets.population_windows(cfg.dataset, cfg.held_out)
         pick = np.random.default_rng(0).choice(len(yw), min(FIDELITY_WINDOWS, len(yw)), False)
         inputs = Inputs(spec, summary["channel_mean"], summary["channel_scale"])
         found = fidelity(model, m.plan.frozen_int8, inputs(xw[pick]), torch.from_numpy(yw[pick]))

@@ -29,9 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgetrain import data
+from edgetrain import datasets
 from edgetrain.budget import BudgetError
 from exporters.hostfinetune import Inputs, evaluate, finetune
+
+VAL_FRACTION = 0.25  # each inner user's validation slice (edgetrain.datasets protocols)
 
 LAYER_STEPS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SEARCH_LRS = (1e-4, 1e-3)
@@ -82,14 +84,15 @@ def price(plans: list[str], export_one, budget_bytes: int) -> list[tuple[Candida
     return out
 
 
-def contribution(inner_model: torch.nn.Module, spec, mean, scale, inner_users, trained: tuple
-                 ) -> float:
-    """Mean test-arm gain (points) over the inner users from training the tensors `trained`."""
-    recs, inputs = data.load_recordings(), Inputs(spec, mean, scale)
+def contribution(inner_model: torch.nn.Module, spec, mean, scale, inner_users, trained: tuple,
+                 dataset: str = "watch") -> float:
+    """Mean test gain (points) over the inner users from training the tensors `trained`, each
+    split by the data set's protocol (edgetrain.datasets)."""
+    inputs = Inputs(spec, mean, scale)
     gains = []
     for user in inner_users:
-        (xt, yt), (xv, yv) = data.validation_split(recs, user)
-        xs, ys = data.leave_one_subject_out(recs, user).test
+        split = datasets.user_split(dataset, user, VAL_FRACTION)
+        (xt, yt), (xv, yv), (xs, ys) = split.train, split.val, split.test
         X, Xv, Xs = inputs(xt), inputs(xv), inputs(xs)
         yt, yv, ys = map(torch.from_numpy, (yt, yv, ys))
         before = evaluate(inner_model, Xs, ys)[2].mean()

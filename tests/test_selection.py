@@ -10,7 +10,8 @@ import pytest
 from conftest import cli, device_python, tiny_data
 from edgetrain import data
 from edgetrain.selection import Score, decide, record_epoch, stopped
-from edgetrain.userdata import first_per_class, time_split
+from edgetrain.datasets import time_cut as time_split
+from edgetrain.userdata import first_per_class
 
 
 def test_early_stopping_and_keep_best_pick_the_known_best_epoch():

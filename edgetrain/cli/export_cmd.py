@@ -6,6 +6,7 @@ import json
 import click
 
 from edgetrain.budget import BudgetError
+from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)
 from edgetrain.cli.plan_variants import plan_over_variants
@@ -35,6 +36,10 @@ def record_measured_peak(out, m):
 @click.option("--width", type=float, default=None,
               help="Width multiplier (default per network: 0.25 for the MobileNets, 1.0 for "
                    "resnet50 and imu_cnn, 0.5 for imu_transformer).")
+@click.option("--dataset", type=click.Choice(sorted(DATASETS)), default="watch",
+              show_default=True, help="Data set the population model pretrains on: watch "
+              "(smartwatch IMU, 10 subjects, one session) or hapt (UCI HAPT, 30 subjects, two "
+              "sessions).")
 @click.option("--holdout-user", type=int, default=10, show_default=True,
               help="Subject left out of population pretraining (personalise on this one).")
 @click.option("--also-holdout", type=str, default="", metavar="N,N",
@@ -105,7 +110,8 @@ def record_measured_peak(out, m):
               help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
                    "one buffer) or Expand + ScatterElements (the export before this option).")
 @json_option
-def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accumulate, threads,
+def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_batch, accumulate,
+           threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
            plan_weight_grads, nchwc, dense_build, as_json):
@@ -129,7 +135,8 @@ def export(model_name, out, width, holdout_user, also_holdout, micro_batch, accu
                                "--budget or --device, and those apply only to them")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
-                             epochs=epochs, also_held_out=subjects(also_holdout))
+                             epochs=epochs, also_held_out=subjects(also_holdout),
+                             dataset=dataset)
         plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
                     dense_build=dense_build)
 

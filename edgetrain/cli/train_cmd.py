@@ -10,14 +10,24 @@ from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (Bytes, Progress, budget_advice, exit_on_device_errors,
                                   fixed_address_layout,
                                   json_option, mib, resolve_budget)
+from edgetrain.datasets import DATASETS, PROTOCOL_LABELS, PROTOCOLS
+from edgetrain.intervals import UserTest, gain_interval
 from edgetrain.masks import UPDATERS
-from edgetrain.selection import gain_interval
 
 
 def user_run_options(f):
-    """--user/--data/--test, --device/--budget and --out: a run on one user's data in a budget."""
+    """--user/--dataset/--protocol, --data/--test, --device/--budget and --out: a run on one
+    user's data in a budget."""
     options = [
-        click.option("--user", type=int, help="A subject of the built-in IMU data set (1-10)."),
+        click.option("--user", type=int, help="A subject of a built-in data set (watch: 1-10, "
+                     "hapt: 1-30) the artifact did not pretrain on."),
+        click.option("--dataset", type=click.Choice(sorted(DATASETS)), default=None,
+                     help="The data set of --user (default: the one the artifact pretrained "
+                          "on)."),
+        click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), default=None,
+                     help="How --user's recordings split (default: the data set's: hapt "
+                          "later-session, watch other-arm; watch within-set is an upper "
+                          "bound). docs/concepts.md#the-personalisation-protocol"),
         click.option("--data", "data_file", type=click.Path(),
                      help="Your windows: .npz with x and y."),
         click.option("--test", "test_file", type=click.Path(),
@@ -87,7 +97,8 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
 @click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
-def personalise(artifact, user, data_file, test_file, device, budget, out, epochs, lr,
+def personalise(artifact, user, dataset, protocol, data_file, test_file, device, budget, out,
+                epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
                 mask_end, checkpoint_every, resume, select, val_fraction, val_file, lr_grid,
                 patience, guard_margin, adapt, labels_per_class, as_json):
@@ -105,7 +116,8 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
                 raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
             epochs, labels_per_class, select = 0, None, False
         d = user_split(artifact, user, data_file, test_file,
-                       val_fraction if select else None, val_file if select else None)
+                       val_fraction if select else None, val_file if select else None,
+                       dataset, protocol)
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
         cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
@@ -115,11 +127,14 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
                           labels_per_class=labels_per_class)
         with Progress(not as_json) as progress:
             r = run(artifact, d.train, d.test, out, budget_bytes, cfg, progress=progress,
-                    threads=threads, resume=resume, val=d.val)
+                    threads=threads, resume=resume, val=d.val, test_groups=d.test_groups)
     if as_json:
-        click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
+        click.echo(json.dumps({"device": device, "protocol": d.protocol, **r.to_dict()},
+                              indent=2))
         return
     click.echo(f"device: {device or 'custom'}  budget: {mib(budget_bytes)}")
+    if d.protocol:
+        click.echo(f"protocol: {PROTOCOL_LABELS[d.protocol]}")
     if r.resumed_from_step is not None:
         click.echo(f"resumed from the resume point after step {r.resumed_from_step}")
     if r.damaged_resume_points_moved_to:
@@ -136,10 +151,12 @@ def personalise(artifact, user, data_file, test_file, device, budget, out, epoch
     if r.guard is not None:
         click.echo(r.guard["message"])
     if r.accuracy_before is not None:
-        gain, lo, hi = gain_interval(r.test_correct_before, r.test_correct_after)
+        g = gain_interval([UserTest.of(r.test_correct_before, r.test_correct_after,
+                                       r.test_recordings or range(len(r.test_correct_after)))])
         click.echo(f"held-out accuracy: before {r.accuracy_before:.3f}  after "
-                   f"{r.accuracy_after:.3f}  gain {gain:+.1f} points (95% interval {lo:+.1f} "
-                   f"to {hi:+.1f}, over {len(r.test_correct_after)} test windows)")
+                   f"{r.accuracy_after:.3f}  gain {g.gain_points:+.1f} points (95% interval "
+                   f"{g.low_points:+.1f} to {g.high_points:+.1f}, resampling {g.recordings} "
+                   f"test {d.test_unit}; {len(r.test_correct_after)} windows)")
         click.echo(f"inference model agrees with runtime eval on {r.inference_agreement:.1%} "
                    "of test samples")
     if r.mask_method:
@@ -169,8 +186,8 @@ def parse_lrs(text: str | None) -> tuple[float, ...] | None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
 @json_option
-def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples, micro_batch,
-             seed, threads, as_json):
+def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, budget, out,
+             samples, micro_batch, seed, threads, as_json):
     """Re-estimate BatchNorm statistics on a user's samples (RESET, after pruning)."""
     from edgetrain.bnreset import reset_batchnorm
     from edgetrain.userdata import user_data
@@ -178,7 +195,7 @@ def reset_bn(artifact, user, data_file, test_file, device, budget, out, samples,
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
     fixed_address_layout()
     with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
-        train, test = user_data(artifact, user, data_file, test_file)
+        train, test = user_data(artifact, user, data_file, test_file, dataset, protocol)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
                             micro_batch, threads)
     if as_json:

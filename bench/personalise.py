@@ -1,102 +1,136 @@
-"""Personalisation for every user: each of the ten subjects is a held-out user once.
+"""Personalisation on the device for every user of a data set, as a watch lives it.
 
-    .venv/bin/python bench/personalise.py                  # patch_mobilenet, ~40 min on 2 cores
-    .venv/bin/python bench/personalise.py --model imu_cnn  # the raw-IMU 1-D CNN, ~10 min
-    .venv/bin/python bench/personalise.py --report         # tables and plot from saved rows
+    .venv/bin/python bench/personalise.py                               # hapt, watchos-extension
+    .venv/bin/python bench/personalise.py --tier mcu-2mb                # hapt, mcu-2mb
+    .venv/bin/python bench/personalise.py --dataset watch --protocol within-set   # context
+    .venv/bin/python bench/personalise_report.py                        # tables and plots
 
-Five folds of two subjects ({1,2}, {3,4}, ... {9,10}): a fold's population model pretrains on
-the other eight and never sees its held-out users. Each held-out user then personalises on
-device (`edgetrain personalise`, watchos-extension budget, micro-batch 8; 7 for a raw-IMU
-network with one label per class: 7 windows, 7 items) from the population
-model, once per mode: label-free (BatchNorm statistics from the user's unlabelled windows),
-1 and 5 labelled windows per class, and all labelled windows. Labelled modes use the product's
-on-device selection: a validation slice cut in time from the user's personalisation arm,
-learning rates 1e-4/3e-4/9e-4, early stopping, keep-best, and the do-no-harm guard. The test
-arm (the user's other arm) is read only for the final numbers. Rows are appended to
-bench/results/personalise-<model>.jsonl as they finish (a stopped run continues where it
-stopped); --report writes bench/results/personalise.json, the tables in docs/results.md and
-docs/img/personalise.png. Gains: mean over users, with a 95% interval from a bootstrap over
-users and, within each user, over test windows (paired: a window's before and after move
-together).
+Each fold's population model pretrains on the other users (`edgetrain export --dataset D
+--holdout-user ... --also-holdout ...`) and never sees its held-out users. Every held-out user
+then personalises on the device: a capped `edgetrain personalise` run in a child process with
+the tier's budget, once per mode (label-free BatchNorm adaptation; 1, 5 and all labelled
+windows per class). The protocol is the data set's (edgetrain/datasets.py): for hapt, session
+1 trains, the end of session 1 validates (on-device selection and the guard), session 2 tests
+and is read once. The recipe (the product's defaults: frozen BatchNorm statistics while
+training, learning rates 1e-4/3e-4/9e-4, 5 epochs, patience 2, a one-window guard margin) was
+chosen on watch-data user 10 (docs/concepts.md); no user of the hapt tables chose anything.
+
+Rows are appended to bench/results/personalise-<dataset>-<protocol>-<tier>.jsonl as they
+finish, each with the commit, date and machine; a stopped run continues where it stopped, and
+rows of another commit are measured again unless --keep-old.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
-import re
+import platform
+import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
+from common import ROOT, run
 
-from common import ROOT, replace_table, run, save_results
-
-FOLDS = ((1, 2), (3, 4), (5, 6), (7, 8), (9, 10))
 MODES = {"label-free": ["--labels-per-class", "0", "--adapt", "bn"],
          "1 label/class": ["--labels-per-class", "1"],
          "5 labels/class": ["--labels-per-class", "5"],
          "all labels": []}
-DEVICE, MICRO_BATCH, EPOCHS = "watchos-extension", 8, 5
+EPOCHS = 5
 RESULTS = ROOT / "bench" / "results"
+RECIPE_CHOSEN_ON = "watch-data user 10 (docs/concepts.md)"
 
 
 @dataclass(frozen=True)
-class Variant:
-    """A network as it ships to one device: what trains, its width, micro-batch and threads."""
-    model: str = "patch_mobilenet"
-    update: str = "all"
-    device: str = DEVICE
+class Tier:
+    """The network as the product ships it to one device tier (docs/devices.md)."""
+    device: str
+    model: str = "imu_cnn"
     width: float | None = None
-    micro_batch: int = MICRO_BATCH
-    threads: int = 2
+    update: str = "all"
+    micro_batch: int = 8
 
     @property
-    def label(self) -> str:  # the network column of the tables
-        extra = [f"update {self.update}"] if self.update != "all" else []
-        extra += [f"width {self.width:g}"] if self.width is not None else []
-        extra += [self.device] if self.device != DEVICE else []
-        extra += [f"micro-batch {self.micro_batch}"] if self.micro_batch != MICRO_BATCH else []
-        return self.model + (f" ({', '.join(extra)})" if extra else "")
+    def label(self) -> str:
+        w = f" width {self.width:g}" if self.width is not None else ""
+        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}"
 
 
-def rows_path(label: str) -> Path:
-    return RESULTS / f"personalise-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-')}.jsonl"
+TIERS = {t.device: t for t in [
+    Tier("watchos-extension"),
+    Tier("mcu-2mb", width=0.5),
+    Tier("mcu-256kb", width=0.25, update="head", micro_batch=1),
+]}
 
 
-def export_fold(v: Variant, users: tuple[int, int], out: Path) -> None:
-    from edgetrain.manifest import Plan
-    from exporters.pretrain import PretrainConfig, export_named
-
-    cfg = PretrainConfig(model=v.model, width=v.width, holdout_user=users[0],
-                         also_held_out=users[1:])
-    export_named(cfg, out, Plan(micro_batch=v.micro_batch, threads=v.threads),
-                 show_progress=False, cache_dir=ROOT / ".cache" / "pretrain",
-                 update=None if v.update == "all" else v.update)
+def folds(dataset: str) -> tuple[tuple[int, ...], ...]:
+    """Held-out users per fold: hapt 5 x 6 users, watch 5 x 2."""
+    size, users = (6, 30) if dataset == "hapt" else (2, 10)
+    return tuple(tuple(range(lo, lo + size)) for lo in range(1, users + 1, size))
 
 
-def main(v: Variant) -> None:
-    model = v.label
+def stamp() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    import os
+    return {"commit": commit, "date": datetime.date.today().isoformat(),
+            "machine": f"{cpu}, {os.cpu_count()} cores"}
+
+
+def rows_path(dataset: str, protocol: str, tier: str) -> Path:
+    return RESULTS / f"personalise-{dataset}-{protocol}-{tier}.jsonl"
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> None:
+    width = ["--width", str(tier.width)] if tier.width is not None else []
+    run("export", "--model", tier.model, *width, "--dataset", dataset, "--holdout-user",
+        str(users[0]), "--also-holdout", ",".join(map(str, users[1:])), "--update", tier.update,
+        "--micro-batch", str(tier.micro_batch), "--out", str(out), "--json")
+
+
+def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,
+                     classes: int, out: Path) -> dict:
+    # one labelled window per class is `classes` items: the micro-batch cannot be larger
+    batch = min(classes, tier.micro_batch) if mode == "1 label/class" else tier.micro_batch
+    return json.loads(run("personalise", str(art), "--user", str(user), "--dataset", dataset,
+                          "--protocol", protocol, "--device", tier.device, "--micro-batch",
+                          str(batch), "--epochs", str(EPOCHS), "--out", str(out), "--json",
+                          *MODES[mode]))
+
+
+def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bool) -> None:
+    from edgetrain import datasets
+
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = rows_path(model)
-    done = {(r["user"], r["mode"]) for r in _rows(path)}
+    where = stamp()
+    path = rows_path(dataset, protocol, tier.device)
+    rows = read_rows(path)
+    if not keep_old and any(r["commit"] != where["commit"] for r in rows):
+        print(f"{path.name}: rows of other commits are measured again (--keep-old keeps them)")
+        rows = [r for r in rows if r["commit"] == where["commit"]]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = {(r["user"], r["mode"]) for r in rows}
+    classes = len(datasets.recordings(dataset).classes)
     with tempfile.TemporaryDirectory() as tmp:
-        for users in FOLDS:
-            todo = [(u, m) for u in users for m in MODES if (u, m) not in done]
+        for users in folds(dataset):
+            todo = [(u, m) for u in users for m in modes if (u, m) not in done]
             if not todo:
                 continue
             art = Path(tmp) / f"fold-{users[0]}"
-            export_fold(v, users, art)
+            export_fold(dataset, tier, users, art)
             for user, mode in todo:
                 out = Path(tmp) / f"run-{user}-{mode.split()[0]}"
-                # one labelled window of each of 7 classes is 7 items for a raw-IMU network
-                # (a patch model cuts each window into 49 patches)
-                raw = v.model.startswith("imu_")
-                batch = min(7, v.micro_batch) if raw and mode == "1 label/class" else v.micro_batch
-                r = json.loads(run("personalise", str(art), "--user", str(user), "--device",
-                                   v.device, "--micro-batch", str(batch), "--epochs",
-                                   str(EPOCHS), "--out", str(out), "--json", *MODES[mode]))
-                row = {"model": model, "fold": list(users), "user": user, "mode": mode, **r}
+                r = personalise_user(art, dataset, protocol, tier, user, mode, classes, out)
+                row = {**where, "dataset": dataset, "protocol": protocol, "tier": asdict(tier),
+                       "network": tier.label, "fold": list(users), "user": user, "mode": mode,
+                       "recipe_chosen_on": RECIPE_CHOSEN_ON, **r}
                 with open(path, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps({k: row[k] for k in ("user", "mode", "accuracy_before",
@@ -104,115 +138,16 @@ def main(v: Variant) -> None:
                       flush=True)
 
 
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def bootstrap_gain(rows: list[dict], n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean gain over users (points) and its 95% interval: users resampled, and each
-    resampled user's test windows resampled, before and after paired."""
-    rng = np.random.default_rng(seed)
-    pairs = [(np.array(list(r["test_correct_before"]), int), np.array(list(r["test_correct_after"]), int))
-             for r in rows]
-    mean = 100 * float(np.mean([a.mean() - b.mean() for b, a in pairs]))
-    draws = np.empty(n)
-    for i in range(n):
-        total = 0.0
-        for u in rng.integers(0, len(pairs), len(pairs)):
-            b, a = pairs[u]
-            w = rng.integers(0, len(b), len(b))
-            total += a[w].mean() - b[w].mean()
-        draws[i] = 100 * total / len(pairs)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return mean, float(lo), float(hi)
-
-
-def report(models: list[str]) -> None:
-    everything, lines = [], []
-    lines += ["| network | mode | population | after | mean gain (points, 95% interval) | "
-              "worst user (points) | guard kept population |", "|---|---|---:|---:|---|---|---:|"]
-    for model in models:
-        rows = _rows(rows_path(model))
-        everything += rows
-        for mode in MODES:
-            rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["user"])
-            if not rs:
-                continue
-            mean, lo, hi = bootstrap_gain(rs)
-            worst = min(rs, key=lambda r: r["accuracy_after"] - r["accuracy_before"])
-            kept = sum(bool(r["guard"] and r["guard"]["kept_population"]) for r in rs)
-            guarded = sum(r["guard"] is not None for r in rs)
-            lines.append(
-                f"| {model} | {mode} | {np.mean([r['accuracy_before'] for r in rs]):.3f} | "
-                f"{np.mean([r['accuracy_after'] for r in rs]):.3f} | {mean:+.1f} "
-                f"[{lo:+.1f}, {hi:+.1f}] | user {worst['user']}: "
-                f"{100 * (worst['accuracy_after'] - worst['accuracy_before']):+.1f} | "
-                + (f"{kept} of {guarded}" if guarded else "- (no labels)") + " |")
-    per_user = ["| network | user | population | label-free | 1 label/class | 5 labels/class | "
-                "all labels | guard (all labels) |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for model in models:
-        rows = _rows(rows_path(model))
-        for user in sorted({r["user"] for r in rows}):
-            by = {r["mode"]: r for r in rows if r["user"] == user}
-            cells = [f"{by[m]['accuracy_after']:.3f}" if m in by else "-" for m in MODES]
-            before = next(iter(by.values()))["accuracy_before"]
-            g = by.get("all labels", {}).get("guard")
-            per_user.append(f"| {model} | {user} | {before:.3f} | {' | '.join(cells)} | "
-                            + ("kept population" if g and g["kept_population"] else
-                               "personalised" if g else "-") + " |")
-    save_results("personalise", everything)
-    replace_table(ROOT / "docs" / "results.md", lines, "personalise-table")
-    replace_table(ROOT / "docs" / "results.md", per_user, "personalise-users")
-    plot(models)
-
-
-def plot(models: list[str]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
-    for (left, right), model in zip(axes, models):
-        rows = _rows(rows_path(model))
-        users = sorted({r["user"] for r in rows})
-        full = {r["user"]: r for r in rows if r["mode"] == "all labels"}
-        before = [full[u]["accuracy_before"] if u in full else np.nan for u in users]
-        after = [full[u]["accuracy_after"] if u in full else np.nan for u in users]
-        x = np.arange(len(users))
-        left.bar(x - 0.2, before, 0.4, label="population model")
-        left.bar(x + 0.2, after, 0.4, label="personalised (all labels, guarded)")
-        left.set_xticks(x, [str(u) for u in users])
-        left.set(xlabel="held-out user", ylabel="test accuracy", ylim=(0, 1),
-                 title=f"{model}: every user before and after")
-        left.legend(loc="lower right", fontsize=8)
-        xs, ys = [], []
-        for i, mode in enumerate(MODES):
-            rs = [r for r in rows if r["mode"] == mode]
-            if rs:
-                xs.append(i)
-                ys.append(np.mean([r["accuracy_after"] - r["accuracy_before"] for r in rs]) * 100)
-        right.plot(xs, ys, "o-")
-        right.axhline(0, color="grey", lw=0.8)
-        right.set_xticks(range(len(MODES)), list(MODES), fontsize=8)
-        right.set(ylabel="mean gain over population (points)",
-                  title=f"{model}: gain against labels per class")
-    fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "img" / "personalise.png", dpi=110)
-
-
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", action="append", help="network(s); default patch_mobilenet")
-    ap.add_argument("--update", default="all", help="update plan the folds export with")
-    ap.add_argument("--device", default=DEVICE)
-    ap.add_argument("--width", type=float)
-    ap.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--report", action="store_true", help="only write tables and the plot")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="hapt", choices=["hapt", "watch"])
+    ap.add_argument("--protocol", help="default: the data set's (hapt later-session, watch "
+                    "other-arm)")
+    ap.add_argument("--tier", default="watchos-extension", choices=sorted(TIERS))
+    ap.add_argument("--mode", action="append", choices=list(MODES),
+                    help="modes to run (repeatable; default all four)")
+    ap.add_argument("--keep-old", action="store_true", help="keep rows of other commits")
     a = ap.parse_args()
-    if not a.report:
-        for m in a.model or ["patch_mobilenet"]:
-            main(Variant(m, a.update, a.device, a.width, a.micro_batch, a.threads))
-    labels = [json.loads(p.read_text().splitlines()[0])["model"]
-              for p in sorted(RESULTS.glob("personalise-*.jsonl"))]
-    report(sorted(labels, key=lambda m: (m.split()[0] != "patch_mobilenet", m)))
+    from edgetrain.datasets import get
+    main(a.dataset, a.protocol or get(a.dataset).protocol, TIERS[a.tier],
+         a.mode or list(MODES), a.keep_old)

@@ -95,6 +95,7 @@ class Decision:
     best_lr: float | None
     best_epoch: int  # epochs of training of the best (0: the starting weights)
     margin_windows: int
+    statistics_only: bool = False  # the best is the adapted start: no weight trained
 
     @property
     def message(self) -> str:
@@ -103,6 +104,11 @@ class Decision:
                     f"validation data ({self.best.correct}/{self.best.windows} right at best, "
                     f"the population model {self.population.correct}/{self.population.windows};"
                     f" it needs {self.margin_windows} more)")
+        if self.statistics_only:
+            return (f"adapted: BatchNorm statistics from your windows, no weight trained "
+                    f"({self.best.correct}/{self.best.windows} validation windows right, the "
+                    f"population model {self.population.correct}/{self.population.windows}; "
+                    "training found nothing better)")
         return (f"personalised: {self.best.correct}/{self.best.windows} validation windows "
                 f"right, the population model {self.population.correct}/"
                 f"{self.population.windows} (lr {self.best_lr:g}, {self.best_epoch} epochs)")
@@ -111,15 +117,24 @@ class Decision:
         return {"kept_population": self.kept_population, "message": self.message,
                 "population": self.population.to_dict(), "best": self.best.to_dict(),
                 "best_lr": self.best_lr, "best_epoch": self.best_epoch,
-                "margin_windows": self.margin_windows}
+                "margin_windows": self.margin_windows, "statistics_only": self.statistics_only}
 
 
 def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
-           margin_windows: int) -> Decision:
-    """The guard: keep the population model unless the best gains margin_windows windows."""
-    helped = best.correct >= population.correct + max(margin_windows, 0) and (
-        best.correct > population.correct or best.loss < population.loss)
-    return Decision(not helped, population, best, best_lr, best_epoch, margin_windows)
+           margin_windows: int, statistics_only: bool = False) -> Decision:
+    """The guard: keep the population model unless the best gains margin_windows windows.
+
+    statistics_only (the best is the start after label-free BatchNorm adaptation, no weight
+    trained): kept unless it loses a validation window. The margin guards against the luck of
+    picking the best of many trained candidates; the adapted start is one candidate, fixed
+    before any label is read, and the label-free mode applies it with no guard at all."""
+    if statistics_only:
+        helped = best.correct >= population.correct
+    else:
+        helped = best.correct >= population.correct + max(margin_windows, 0) and (
+            best.correct > population.correct or best.loss < population.loss)
+    return Decision(not helped, population, best, best_lr, best_epoch, margin_windows,
+                    statistics_only and helped)
 
 
 def record_epoch(sel: dict, s: Score, lr: float, epoch: int) -> bool:

@@ -210,7 +210,8 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     decision = None
     if val_feed is not None:
         decision = decide(Score.from_dict(sel["population"]), Score.from_dict(sel["best"]),
-                          sel["best_lr"], sel["best_epoch"], config.guard_margin)
+                          sel["best_lr"], sel["best_epoch"], config.guard_margin,
+                          statistics_only=adapt and sel["best_epoch"] == 0)
         rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path
                            if decision.kept_population else sel_dir / sel["best_file"])
     ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)

@@ -55,6 +55,7 @@ class Tier:
     width: float | None = None
     update: str = "all"
     micro_batch: int = 8
+    threads: int = 1  # two runs side by side on a 2-core machine, neither spinning on the other
 
     @property
     def label(self) -> str:
@@ -98,7 +99,8 @@ def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> 
     width = ["--width", str(tier.width)] if tier.width is not None else []
     run("export", "--model", tier.model, *width, "--dataset", dataset, "--holdout-user",
         str(users[0]), "--also-holdout", ",".join(map(str, users[1:])), "--update", tier.update,
-        "--micro-batch", str(tier.micro_batch), "--out", str(out), "--json")
+        "--micro-batch", str(tier.micro_batch), "--threads", str(tier.threads), "--out",
+        str(out), "--json")
 
 
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,

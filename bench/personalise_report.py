@@ -16,7 +16,7 @@ import json
 import numpy as np
 
 from common import ROOT, replace_table, save_results
-from personalise import MODES, RESULTS, TIERS, read_rows
+from personalise import MODES, RESULTS, TIERS, TUNING_USERS, read_rows
 from edgetrain.intervals import UserTest, gain_interval
 
 DOC = ROOT / "docs" / "results.md"
@@ -79,12 +79,22 @@ def table(groups: list[tuple[str, list[dict]]], what: str, command: str) -> tupl
     for label, rows in groups:
         for mode in MODES:
             rs = [r for r in rows if r["mode"] == mode]
-            if rs:
-                s = summary(rs)
-                out.append({"group": label, "mode": mode, **s})
-                lines.append(stats_line(label, mode, s))
-    return [f"Measured at {stamp_of(everything)}; `{command}`; recipe chosen on "
-            f"{everything[0]['recipe_chosen_on']}, no user of this table.", ""] + lines, out
+            if not rs:
+                continue
+            s = summary(rs)
+            out.append({"group": label, "mode": mode, **s})
+            lines.append(stats_line(label, mode, s))
+            tuned = TUNING_USERS[rs[0]["dataset"]]
+            rest = [r for r in rs if r["user"] not in tuned]
+            if len(rest) < len(rs):
+                s = summary(rest)
+                out.append({"group": label, "mode": mode, "without_users": list(tuned), **s})
+                lines.append(stats_line(label, f"{mode}, without users {tuned[0]}–{tuned[-1]}"
+                                        if len(tuned) > 1 else f"{mode}, without user "
+                                        f"{tuned[0]}", s))
+    return [f"Measured at {stamp_of(everything)}; `{command}`. Recipe chosen on "
+            f"{everything[0]['recipe_chosen_on']}: each mean is given with and without them.",
+            ""] + lines, out
 
 
 def per_user(rows: list[dict]) -> list[str]:
@@ -133,14 +143,17 @@ def plot(gate, stats) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2),
                                       gridspec_kw={"width_ratios": [2, 1]})
     rows = [r for r in gate[0][1] if r["mode"] == "all labels"]
+    tuned = TUNING_USERS[GATE[0]]
     if rows:
         rows.sort(key=lambda r: r["user"])
         x = np.arange(len(rows))
         left.bar(x - 0.2, [r["accuracy_before"] for r in rows], 0.4, label="population model")
         left.bar(x + 0.2, [r["accuracy_after"] for r in rows], 0.4,
                  label="personalised on the watch (all labels, guarded)")
-        left.set_xticks(x, [str(r["user"]) for r in rows], fontsize=7)
-        left.set(xlabel="HAPT user (held out of pretraining)", ylabel="accuracy on session 2",
+        left.set_xticks(x, [f"{r['user']}*" if r["user"] in tuned else str(r["user"])
+                            for r in rows], fontsize=7)
+        left.set(xlabel="HAPT user, held out of pretraining (* chose the recipe)",
+                 ylabel="accuracy on session 2",
                  ylim=(0.4, 1.02), title=f"Every user, {gate[0][0].split(':')[0]}")
         left.legend(loc="lower right", fontsize=8)
     for label, _ in gate:

@@ -121,20 +121,22 @@ class Decision:
 
 
 def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
-           margin_windows: int, statistics_only: bool = False) -> Decision:
-    """The guard: keep the population model unless the best gains margin_windows windows.
+           margin_windows: int, adapted: Score | None = None) -> Decision:
+    """The guard: keep the population model unless the best trained candidate gains
+    margin_windows validation windows over it.
 
-    statistics_only (the best is the start after label-free BatchNorm adaptation, no weight
-    trained): kept unless it loses a validation window. The margin guards against the luck of
-    picking the best of many trained candidates; the adapted start is one candidate, fixed
-    before any label is read, and the label-free mode applies it with no guard at all."""
-    if statistics_only:
-        helped = best.correct >= population.correct
-    else:
-        helped = best.correct >= population.correct + max(margin_windows, 0) and (
-            best.correct > population.correct or best.loss < population.loss)
-    return Decision(not helped, population, best, best_lr, best_epoch, margin_windows,
-                    statistics_only and helped)
+    adapted: the start's score after label-free BatchNorm adaptation (no weight trained), when
+    the run adapted. Where no trained candidate passes, the adapted start is kept unless it
+    loses a validation window: the margin guards against the luck of picking the best of many
+    trained candidates, and the adapted start is one candidate, fixed before any label is read
+    (the label-free mode applies it with no guard at all)."""
+    trained = best_epoch > 0 and best.correct >= population.correct + max(margin_windows, 0) \
+        and (best.correct > population.correct or best.loss < population.loss)
+    if trained:
+        return Decision(False, population, best, best_lr, best_epoch, margin_windows)
+    if adapted is not None and adapted.correct >= population.correct:
+        return Decision(False, population, adapted, None, 0, margin_windows, True)
+    return Decision(True, population, best, best_lr, best_epoch, margin_windows)
 
 
 def record_epoch(sel: dict, s: Score, lr: float, epoch: int) -> bool:

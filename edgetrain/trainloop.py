@@ -206,14 +206,14 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                 if progress:
                     progress(steps, total)
     train_time = time.perf_counter() - t0
-
     decision = None
     if val_feed is not None:
         decision = decide(Score.from_dict(sel["population"]), Score.from_dict(sel["best"]),
                           sel["best_lr"], sel["best_epoch"], config.guard_margin,
-                          statistics_only=adapt and sel["best_epoch"] == 0)
-        rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path
-                           if decision.kept_population else sel_dir / sel["best_file"])
+                          Score.from_dict(sel["start"]) if adapt else None)
+        chosen = "start" if decision.statistics_only else sel["best_file"]
+        rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path if decision.kept_population
+                           else sel_dir / chosen)
     ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)
     after = agreement = correct_after = None
     infer_path = rt.export_inference(out / names.RUN_INFERENCE_MODEL)

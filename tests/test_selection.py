@@ -38,6 +38,20 @@ def test_the_guard_needs_a_margin_over_the_population_model():
     assert d.kept_population and "kept the population model" in d.message
 
 
+def test_the_adapted_start_is_kept_when_training_does_not_pass_the_guard():
+    pop = Score(18, 23, 0.50)
+    # a trained candidate that ties the population model fails the margin; the adapted start,
+    # which loses no window, is kept instead of the population model
+    d = decide(pop, Score(18, 23, 0.30), 1e-3, 2, 1, adapted=Score(18, 23, 0.45))
+    assert not d.kept_population and d.statistics_only and d.best_epoch == 0
+    assert "no weight trained" in d.message
+    # the adapted start that loses a window is refused: the population model stays
+    assert decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, adapted=Score(17, 23, 0.4)).kept_population
+    # a trained candidate that passes wins over the adapted start
+    d = decide(pop, Score(20, 23, 0.30), 1e-3, 2, 1, adapted=Score(19, 23, 0.4))
+    assert not d.kept_population and not d.statistics_only and d.best_epoch == 2
+
+
 def test_a_time_split_validation_slice_never_overlaps_training_windows():
     y = np.array([0] * 8 + [1] * 12 + [2] * 2 + [0] * 4)  # windows in time order
     fit, val = time_split(y, 0.25)

@@ -5,10 +5,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ET     := $(VENV)/bin/edgetrain
 DEVICE ?= watchos-extension
-USER_ID ?= 10
+# the data set: hapt (two sessions: personalise on session 1, test on session 2) or watch
+# (one session: the other arm tests, a placement shift). The demo's user chose no recipe
+# (the recipe's users: watch user 10, HAPT users 1-6; docs/concepts.md).
+DATASET ?= hapt
+ifeq ($(DATASET),hapt)
+USER_ID ?= 30
+MODEL  ?= imu_cnn
+else
+USER_ID ?= 9
+MODEL  ?= patch_mobilenet
+endif
 # micro-batch; auto: the largest up to 8 that `edgetrain fit` confirms on DEVICE
 BATCH  ?= auto
-MODEL  ?= patch_mobilenet
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
 
@@ -38,7 +47,7 @@ $(VENV)/.installed:
 
 demo: setup
 	$(ET) devices
-	$(ET) export --model $(MODEL) --holdout-user $(USER_ID) --update $(UPDATE) --out artifacts/$(MODEL)
+	$(ET) export --model $(MODEL) --dataset $(DATASET) --holdout-user $(USER_ID) --update $(UPDATE) --out artifacts/$(MODEL)
 	rm -rf runs/demo-u$(USER_ID)  # the demo starts afresh in its own folder (never the tour's runs/u10)
 	@B=$(BATCH); \
 	if [ "$$B" = auto ]; then \
@@ -51,7 +60,8 @@ demo: setup
 	  exit 0; \
 	fi; \
 	echo "micro-batch $$B"; \
-	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --out runs/demo-u$(USER_ID) && \
+	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --adapt bn --out runs/demo-u$(USER_ID) && \
+	$(PY) bench/personalise_context.py --dataset $(DATASET) --device $(DEVICE) --model $(MODEL) && \
 	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE)
 
 test: setup

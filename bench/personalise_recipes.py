@@ -1,10 +1,12 @@
-"""Why personalisation loses some users: four recipes, two test protocols, all ten users.
+"""What trains, and how it carries to the test: four recipes under each protocol of a data set.
 
-    .venv/bin/python bench/personalise_recipes.py --model imu_cnn          # ~1 min on 2 cores
+    .venv/bin/python bench/personalise_recipes.py --model imu_cnn          # watch, ~1 min
+    .venv/bin/python bench/personalise_recipes.py --model imu_cnn --dataset hapt   # ~3 min
     .venv/bin/python bench/personalise_recipes.py --model patch_mobilenet  # ~25 min
     .venv/bin/python bench/personalise_recipes.py --report                 # table in docs/
 
-A host-side study in torch (not the device runtime): it replays the device's recipe (frozen
+A host-side replay in torch (not the device runtime, and never the gate): it replays the
+device's recipe (frozen
 BatchNorm statistics, AdamW, 5 epochs, the best epoch by validation loss, the
 guard's one-window margin) on the same fold models as bench/personalise.py, and varies two
 things the device run cannot vary cheaply:
@@ -14,10 +16,9 @@ things the device run cannot vary cheaply:
   population windows, which an artifact could ship on flash);
 - micro-batches of 8 items for raw-IMU networks, 32 patches for patch networks (49 patches a
   window make 8-patch steps too slow for a study on 2 cores; the device bench uses 8);
-- the protocol: `other arm` (the issue's: personalise and validate on one arm, test on the
-  other) and `same arm, later` (one arm only: each recording's first 50% trains, 50-75%
-  validates, the last 25% tests; neighbouring windows of one recording are alike, so this
-  reads optimistic, data.md).
+- the protocol (edgetrain/datasets.py): for the watch data `other-arm` (a placement shift)
+  and `within-set` (an upper bound: the end of each recording of the same set tests); for
+  hapt `later-session`.
 
 Rows go to bench/results/personalise-recipes.json; --report writes the table between the
 markers `personalise-recipes` in docs/results.md.
@@ -31,8 +32,9 @@ import numpy as np
 import torch
 
 from common import ROOT, replace_table
-from personalise import FOLDS
-from edgetrain import data
+from personalise import folds
+from personalise_report import PROTOCOL_NAMES
+from edgetrain import datasets
 from exporters.hostfinetune import Inputs, evaluate, finetune
 from exporters.networks import build_network
 from exporters.pretrain import PretrainConfig, pretrain
@@ -41,25 +43,8 @@ RECIPES = {"all weights": dict(lr=1e-4, which="all"),
            "classifier only": dict(lr=1e-3, which="head"),
            "biases + norms + classifier": dict(lr=1e-3, which="bias"),
            "all weights + population replay": dict(lr=1e-4, which="all", replay=True)}
-PROTOCOLS = ("other arm", "same arm, later")
 EPOCHS, REPLAY_WINDOWS, SEED = 5, 300, 0
 OUT = ROOT / "bench" / "results" / "personalise-recipes.json"
-
-
-def cut(recs: data.Recordings, user: int, lo: float, hi: float):
-    """Windows of the user's personalisation-arm recordings between fractions lo and hi."""
-    mine = np.flatnonzero((recs.subject == user) & (recs.side == data.PERSONALISE_SIDE))
-    part = data.Recordings([recs.x[r][int(len(recs.x[r]) * lo):int(len(recs.x[r]) * hi)]
-                            for r in mine], recs.y[mine], recs.subject[mine], recs.side[mine],
-                           recs.classes)
-    return data.windows(part, np.arange(len(mine)))
-
-
-def splits(recs, user: int, protocol: str):
-    if protocol == "other arm":
-        train, val = data.validation_split(recs, user)
-        return train, val, data.leave_one_subject_out(recs, user).test
-    return cut(recs, user, 0, 0.5), cut(recs, user, 0.5, 0.75), cut(recs, user, 0.75, 1.0)
 
 
 def trained_names(model: torch.nn.Module, which: str) -> set[str]:
@@ -67,22 +52,23 @@ def trained_names(model: torch.nn.Module, which: str) -> set[str]:
             if which == "all" or n.startswith("classifier") or (which == "bias" and p.ndim == 1)}
 
 
-def main(model: str) -> None:
+def main(model: str, dataset: str) -> None:
     torch.set_num_threads(2)
-    recs = data.load_recordings()
-    rows = [r for r in (json.loads(OUT.read_text()) if OUT.is_file() else []) if r["model"] != model]
-    for users in FOLDS:
+    rows = [r for r in (json.loads(OUT.read_text()) if OUT.is_file() else [])
+            if (r["model"], r["dataset"]) != (model, dataset)]
+    for users in folds(dataset):
         pop, summary = pretrain(PretrainConfig(model=model, holdout_user=users[0],
-                                               also_held_out=users[1:]),
+                                               also_held_out=users[1:], dataset=dataset),
                                 show_progress=False, cache_dir=ROOT / ".cache" / "pretrain")
         inputs = Inputs(build_network(model, 1)[1], summary["channel_mean"],
                         summary["channel_scale"])
-        xp, yp = data.population_windows(recs, users)
+        xp, yp = datasets.population_windows(dataset, users)
         pick = np.random.default_rng(SEED).choice(len(yp), REPLAY_WINDOWS, replace=False)
         replay = (inputs(xp[pick]), torch.from_numpy(yp[pick]))
         for user in users:
-            for protocol in PROTOCOLS:
-                (xt, yt), (xv, yv), (xs, ys) = splits(recs, user, protocol)
+            for protocol in datasets.get(dataset).protocols:
+                split = datasets.user_split(dataset, user, 0.25, protocol)
+                (xt, yt), (xv, yv), (xs, ys) = split.train, split.val, split.test
                 X, Xv, Xs = inputs(xt), inputs(xv), inputs(xs)
                 yt, yv, ys = map(torch.from_numpy, (yt, yv, ys))
                 _, pop_val, _ = evaluate(pop, Xv, yv)
@@ -93,7 +79,8 @@ def main(model: str) -> None:
                                         replay=replay if r.get("replay") else None, seed=SEED)
                     val, after = evaluate(m, Xv, yv)[1], evaluate(m, Xs, ys)[2]
                     kept = val < pop_val + 1  # the device's guard: one more window right
-                    rows.append({"model": model, "user": user, "protocol": protocol,
+                    rows.append({"model": model, "dataset": dataset, "user": user,
+                                 "protocol": protocol,
                                  "recipe": name, "epoch": epoch, "val_before": pop_val,
                                  "val_after": val, "val_windows": len(yv),
                                  "test_before": float(before.mean()),
@@ -108,26 +95,29 @@ def main(model: str) -> None:
 
 def report() -> None:
     rows = json.loads(OUT.read_text())
-    lines = ["| network | protocol | what trains | mean gain (points) | mean gain after the guard "
-             "| worst user after the guard | users > 1 point below after the guard |",
+    lines = ["| network | data, protocol | what trains | mean gain (points) | mean gain after "
+             "the guard | worst user after the guard | users > 1 point below after the guard |",
              "|---|---|---|---:|---:|---|---:|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        for protocol in PROTOCOLS:
-            for recipe in RECIPES:
-                rs = [r for r in rows if (r["model"], r["protocol"], r["recipe"]) ==
-                      (model, protocol, recipe)]
+    for model, dataset, protocol in dict.fromkeys((r["model"], r["dataset"], r["protocol"])
+                                                  for r in rows):
+        for recipe in RECIPES:
+            rs = [r for r in rows if (r["model"], r["dataset"], r["protocol"], r["recipe"]) ==
+                  (model, dataset, protocol, recipe)]
+            if rs:
                 raw = [100 * (r["test_after"] - r["test_before"]) for r in rs]
                 guarded = [100 * (r["test_guarded"] - r["test_before"]) for r in rs]
                 worst = int(np.argmin(guarded))
-                lines.append(f"| {model} | {protocol} | {recipe} | {np.mean(raw):+.1f} | "
-                             f"{np.mean(guarded):+.1f} | user {rs[worst]['user']}: "
-                             f"{guarded[worst]:+.1f} | {sum(g < -1 for g in guarded)} of {len(rs)} |")
+                lines.append(f"| {model} | {dataset}, {PROTOCOL_NAMES[protocol]} | {recipe} | "
+                             f"{np.mean(raw):+.1f} | {np.mean(guarded):+.1f} | user "
+                             f"{rs[worst]['user']}: {guarded[worst]:+.1f} | "
+                             f"{sum(g < -1 for g in guarded)} of {len(rs)} |")
     replace_table(ROOT / "docs" / "results.md", lines, "personalise-recipes")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="imu_cnn")
+    ap.add_argument("--dataset", default="watch", choices=sorted(datasets.DATASETS))
     ap.add_argument("--report", action="store_true")
     a = ap.parse_args()
-    report() if a.report else main(a.model)
+    report() if a.report else main(a.model, a.dataset)

@@ -45,7 +45,11 @@ def summary(rows: list[dict]) -> dict:
     gains = [100 * (t.accuracy_after - t.accuracy_before) for t in tests]
     worst = int(np.argmin(gains))
     guarded = [r for r in rows if r["guard"] is not None]
-    return {"users": len(rows), "before": float(np.mean([t.accuracy_before for t in tests])),
+    first = rows[0]
+    return {"dataset": first["dataset"], "protocol": first["protocol"],
+            "device": first["tier"]["device"], "model": first["tier"]["model"],
+            "network": first["network"], "commit": first["commit"], "date": first["date"],
+            "users": len(rows), "before": float(np.mean([t.accuracy_before for t in tests])),
             "after": float(np.mean([t.accuracy_after for t in tests])), **g.to_dict(),
             "users_below_0": sum(x < -1e-9 for x in gains),
             "users_below_minus_5": sum(x < -5 for x in gains),
@@ -111,6 +115,7 @@ def per_user(rows: list[dict]) -> list[str]:
         lines.append(f"| {user} | {first['accuracy_before']:.3f} | {' | '.join(cells)} | {gain} "
                      f"| {len(set(first['test_recordings']))} | "
                      + ("kept population" if g and g["kept_population"] else
+                        "adapted (statistics only)" if g and g.get("statistics_only") else
                         "personalised" if g else "-") + " |")
     return lines
 
@@ -130,6 +135,16 @@ def main() -> None:
     if watch_tier:
         replace_table(DOC, [f"Measured at {stamp_of(watch_tier)}; accuracy on session 2."]
                       + [""] + per_user(watch_tier), "personalise-users")
+    tiers = ["| tier | budget (bytes) | network as shipped | measured peak, largest run (bytes) | "
+             "share of the budget |", "|---|---:|---|---:|---:|"]
+    for (label, rows), (device, tier) in zip(gate, TIERS.items()):
+        if rows:
+            peak = max(r["measured_peak_bytes"] or 0 for r in rows)
+            budget = rows[0]["budget_bytes"]
+            tiers.append(f"| `{device}` | {budget:,} | {tier.label} | {peak:,} | "
+                         f"{peak / budget:.0%} |")
+    replace_table(ROOT / "docs" / "devices.md", [f"Measured at {stamp_of([r for _, rows in gate for r in rows])}."
+                                                 , ""] + tiers, "tier-plans")
     save_results("personalise", [{"table": "gate", **s} for s in stats]
                  + [{"table": "context", **s} for s in cstats])
     plot(gate, stats)
@@ -154,19 +169,21 @@ def plot(gate, stats) -> None:
                             for r in rows], fontsize=7)
         left.set(xlabel="HAPT user, held out of pretraining (* chose the recipe)",
                  ylabel="accuracy on session 2",
-                 ylim=(0.4, 1.02), title=f"Every user, {gate[0][0].split(':')[0]}")
+                 ylim=(0.4, 1.02), title="Every HAPT user on watchos-extension, all labels")
         left.legend(loc="lower right", fontsize=8)
-    for label, _ in gate:
-        pts = [s for s in stats if s["group"] == label]
+    for i, (label, _) in enumerate(gate):
+        pts = [s for s in stats if s["group"] == label and not s.get("without_users")]
         if pts:
-            xs = [list(MODES).index(s["mode"]) for s in pts]
+            xs = [list(MODES).index(s["mode"]) + 0.08 * (i - 1) for s in pts]
             y = np.array([s["gain_points"] for s in pts])
             err = np.array([[s["gain_points"] - s["low_points"] for s in pts],
                             [s["high_points"] - s["gain_points"] for s in pts]])
-            right.errorbar(xs, y, yerr=err, fmt="o-", capsize=3, label=label.split(":")[0])
+            right.errorbar(xs, y, yerr=err, fmt="o-", capsize=3,
+                           label=label.split(":")[0].strip("`"))
     right.axhline(0, color="grey", lw=0.8)
     right.set_xticks(range(len(MODES)), list(MODES), fontsize=8)
-    right.set(ylabel="mean gain on session 2 (points, 95%)", title="Gain against labels")
+    right.set(ylabel="mean gain on session 2 (points, 95% interval)",
+              title="Gain against labels, all 30 users")
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(ROOT / "docs" / "img" / "personalise.png", dpi=110)

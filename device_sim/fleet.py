@@ -32,6 +32,7 @@ from device_sim.fleetspec import FleetSpec, SpecError
 from device_sim.fleettask import RESULTS, result_path, run_dir, run_task
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic
+from edgetrain import datasets
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.manifest import load_manifest
 
@@ -68,6 +69,13 @@ def check_users(spec: FleetSpec) -> None:
     if m.input.preprocess not in ("imu_gasf", "imu_window"):
         raise SpecError(f"the fleet's users are IMU recordings; {spec.artifact} takes "
                         f"{m.input.preprocess!r} input")
+    name = m.provenance.get("dataset", "watch")  # the fleet's users are this data set's
+    subjects = set(int(s) for s in datasets.recordings(name).subject)
+    missing = sorted(set(spec.real_users + (spec.sources if spec.synthetic_users else ()))
+                     - subjects)
+    if missing:
+        raise SpecError(f"users {missing} are not subjects of the {name} data set the artifact "
+                        f"pretrained on ({min(subjects)}..{max(subjects)})")
 
 
 def prepare(spec: FleetSpec, out: Path) -> None:

@@ -11,7 +11,6 @@ undisturbed run. A task whose result file exists returns it and trains nothing.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -24,13 +23,13 @@ from device_sim.fleetspec import WORKER_DRILL, FleetSpec
 from device_sim.measure import peak_rss_bytes
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic, synthetic_recordings
-from edgetrain import data
+from edgetrain import data, datasets
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.budget import BudgetError
 from edgetrain.faultpoints import install_hook
 from edgetrain.manifest import load_manifest
 from edgetrain.personalise import TrainConfig, TrainingDiverged, personalise
-from edgetrain.selection import gain_interval
+from edgetrain.intervals import UserTest, gain_interval
 from edgetrain.userdata import UserData, recordings_split
 
 RESULTS, RUNS, ATTEMPTS = "results", "runs", "attempts.txt"
@@ -49,25 +48,21 @@ def run_dir(out: str | os.PathLike, user: int, device: str) -> Path:
     return Path(out) / RUNS / device / f"u{user}"
 
 
-@functools.cache
-def recordings() -> data.Recordings:
-    """The built-in recordings, read once per process (a fork server reads them for all its
-    runs: fleetwarm.py); nothing downstream changes them."""
-    return data.load_recordings()
-
-
 def user_windows(spec: FleetSpec, user: int) -> tuple[UserData, dict | None]:
     """The user's (train, validation, test) windows, checked against the artifact's input, and
-    for a synthetic user how it was drawn. Real users: edgetrain/data.py's arm split;
-    synthetic ones: the same split of their transformed recordings."""
+    for a synthetic user how it was drawn. Real users: the data set the artifact pretrained on,
+    split by its protocol (edgetrain/datasets.py); synthetic ones: the same split of their
+    transformed recordings. Recordings are read once per process (a fork server reads them for
+    all its runs: fleetwarm.py); nothing downstream changes them."""
     m = load_manifest(spec.artifact, verify=False)
     shape, k = m.input.data_shape(), m.num_classes
-    recs, wearer = recordings(), None
+    name = m.provenance.get("dataset", "watch")
+    recs, wearer = datasets.recordings(name), None
     if is_synthetic(user):
         recs, w = synthetic_recordings(recs, user, spec.seed, spec.sources)
         wearer = w.to_dict()
     val = spec.personalise.get("val_fraction", 0.25)
-    return recordings_split(recs, user, shape, k,
+    return recordings_split(recs, user, datasets.protocol_of(name), shape, k,
                             val if spec.personalise.get("select", True) else None), wearer
 
 
@@ -78,7 +73,7 @@ def train_config(spec: FleetSpec, micro_batch: int | None) -> TrainConfig:
                        accumulation_steps=p.get("accumulation_steps"), seed=p.get("seed", 0),
                        checkpoint_every=p.get("checkpoint_every", 100),
                        lrs=tuple(lrs) if lrs else None, patience=p.get("patience", 2),
-                       guard_margin=p.get("guard_margin", 1), adapt=p.get("adapt", "none"),
+                       guard_margin=p.get("guard_margin", 1), adapt=p.get("adapt", "auto"),
                        labels_per_class=p.get("labels_per_class"))
 
 
@@ -123,13 +118,15 @@ def run_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int
         d, rec["wearer"] = user_windows(spec, user)
         r = personalise(spec.artifact, d.train, d.test, run, budget,
                         train_config(spec, micro_batch), threads=spec.threads, resume=True,
-                        val=d.val)
-        gain, lo, hi = gain_interval(r.test_correct_before, r.test_correct_after)
+                        val=d.val, test_groups=d.test_groups)
+        g = gain_interval([UserTest.of(r.test_correct_before, r.test_correct_after,
+                                       r.test_recordings)])
+        gain, lo, hi = g.gain_points, g.low_points, g.high_points
         rec.update(micro_batch=r.micro_batch, accumulation_steps=r.accumulation_steps,
                    optimizer_steps=r.optimizer_steps, accuracy_before=r.accuracy_before,
                    accuracy_after=r.accuracy_after, gain_points=gain,
                    gain_interval_points=[lo, hi], test_correct_before=r.test_correct_before,
-                   test_correct_after=r.test_correct_after,
+                   test_correct_after=r.test_correct_after, test_recordings=r.test_recordings,
                    guard=None if r.guard is None else
                    ("kept population" if r.guard["kept_population"] else "personalised"),
                    measured_peak_bytes=r.measured_peak_bytes, train_time_s=r.train_time_s,

@@ -56,7 +56,7 @@ class Measurement:
 
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,
             accumulation: int = 1, steps: int = 3, threads: int | None = None,
-            timeout_s: float = 1800, select: bool = True, adapt: str = "none") -> Measurement:
+            timeout_s: float = 1800, select: bool = True, adapt: str = "auto") -> Measurement:
     """Run the probe in a child process and read its allocator log. Raises BudgetError."""
     from edgetrain.budget import BudgetError
 
@@ -115,10 +115,11 @@ def peak_rss_bytes() -> int:
 
 
 def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int,
-           threads: int, tmp: str, select: bool = True, adapt: str = "none") -> None:
+           threads: int, tmp: str, select: bool = True, adapt: str = "auto") -> None:
     """Child process: replay the personalisation cycle with phase marks on stderr. select:
     also what on-device selection does (edgetrain/trainloop.py): weights saved, a candidate
-    restarted from them, the best loaded back. adapt "bn": BatchNorm statistics first."""
+    restarted from them, the best loaded back. adapt "bn": BatchNorm statistics first; "auto"
+    (personalise's default): bn where the artifact has BatchNorm layers."""
     import numpy as np
 
     from edgetrain.budget import BudgetError
@@ -142,11 +143,12 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, *m.input.sample_shape)).astype(np.float32)
         y = rng.integers(0, m.num_classes, batch)
+        stats = adapt == "bn" or adapt == "auto" and names.BATCHNORM_STATS_MODEL in m.files
         mark("preflight")
-        rt.preflight(batchnorm_stats=adapt == "bn")
+        rt.preflight(batchnorm_stats=stats)
         mark("eval")
         rt.eval_logits(x)
-        if adapt == "bn":
+        if stats:
             mark("other")
             rt.reset_batchnorm([x])
         times = []

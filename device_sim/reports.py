@@ -25,7 +25,7 @@ COVERS = ("every byte ONNX Runtime allocates for the training working set: param
 def measure_report(artifact: str | Path, batch: int, *, device: str | None = None,
                    budget_bytes: int | None = None, accumulate: int = 1, steps: int = 3,
                    threads: int | None = None, plot_dir: str | Path | None = None,
-                   select: bool = True, adapt: str = "none") -> dict:
+                   select: bool = True, adapt: str = "auto") -> dict:
     """Measure the training cycle at `batch` (capped at budget_bytes if given) and put the
     prediction for the same thread count, the step's cost and recompute overhead beside it.
     plot_dir: also draw timeline.png and graph.png there (needs matplotlib).

@@ -108,4 +108,4 @@ def synthetic_recordings(recs: data.Recordings, user: int, seed: int,
     return data.Recordings(x=[transform(recs.x[i], w) for i in idx], y=recs.y[idx],
                            subject=np.full(len(idx), user, dtype=np.int64),
                            side=1 - side if w.arms_swapped else side,
-                           classes=recs.classes), w
+                           classes=recs.classes, session=recs.sessions[idx]), w

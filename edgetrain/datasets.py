@@ -147,20 +147,31 @@ def recordings(name: str) -> data.Recordings:
     return get(name).load()
 
 
-def user_split(name: str, user: int, val_fraction: float | None = None,
-               protocol: str | None = None) -> Split:
-    """One user's windows of data set `name` under `protocol` (default: the data set's)."""
+def protocol_of(name: str, protocol: str | None = None) -> str:
+    """`protocol`, or data set `name`'s default, checked to apply to that data set."""
     ds = get(name)
     protocol = protocol or ds.protocol
     if protocol not in ds.protocols:
         raise DataError(f"protocol {protocol!r} does not apply to the {name} data; choose one "
                         f"of {list(ds.protocols)}")
-    recs = recordings(name)
+    return protocol
+
+
+def split_recordings(recs: data.Recordings, user: int, protocol: str,
+                     val_fraction: float | None = None) -> Split:
+    """Subject `user` of `recs` (a data set, or synthetic users made from one) under
+    `protocol`."""
     subjects = sorted(set(int(s) for s in recs.subject))
     if user not in subjects:
-        raise DataError(f"user {user} is not in the {name} data set; choose one of "
+        raise DataError(f"user {user} is not in the data set; choose one of "
                         f"{subjects[0]}..{subjects[-1]}")
     return PROTOCOLS[protocol](recs, user, val_fraction)
+
+
+def user_split(name: str, user: int, val_fraction: float | None = None,
+               protocol: str | None = None) -> Split:
+    """One user's windows of data set `name` under `protocol` (default: the data set's)."""
+    return split_recordings(recordings(name), user, protocol_of(name, protocol), val_fraction)
 
 
 def population_windows(name: str, held_out: tuple[int, ...]) -> Arrays:

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-ADAPTS = ("none", "bn")  # label-free adaptation before training (bn: BatchNorm statistics)
+# label-free adaptation before training: bn, BatchNorm statistics from the user's windows;
+# auto, bn where the artifact has BatchNorm layers whose statistics it can re-estimate
+ADAPTS = ("none", "bn", "auto")
 
 
 @dataclass(frozen=True)
@@ -153,15 +155,3 @@ def record_epoch(sel: dict, s: Score, lr: float, epoch: int) -> bool:
 def stopped(sel: dict, patience: int) -> bool:
     """Early stopping: `patience` epochs in a row without a new best."""
     return sel["since_best"] >= patience
-
-
-def gain_interval(before: str, after: str, draws: int = 2000, seed: int = 0
-                  ) -> tuple[float, float, float]:
-    """Gain in points of `after` over `before` (which test windows each got right, "0"/"1"
-    in order) and its 95% interval: a paired bootstrap over the windows, seeded."""
-    b = np.frombuffer(before.encode(), np.uint8) - ord("0")
-    a = np.frombuffer(after.encode(), np.uint8) - ord("0")
-    idx = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
-    gains = 100.0 * (a[idx].mean(axis=1) - b[idx].mean(axis=1))
-    lo, hi = np.percentile(gains, [2.5, 97.5])
-    return 100.0 * float(a.mean() - b.mean()), float(lo), float(hi)

@@ -74,12 +74,12 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                          f"{artifact} " + (f"freezes every one (update plan {m.plan.update!r})"
                                            if m.masks else "is dense: export it with --density "
                                            "below 1"))
-    adapt = config.adapt == "bn"
-    if adapt and names.BATCHNORM_STATS_MODEL not in m.files:
+    stats = names.BATCHNORM_STATS_MODEL in m.files  # auto: adapt where BatchNorm statistics exist
+    if (adapt := config.adapt == "bn" or config.adapt == "auto" and stats) and not stats:
         why = ("stores frozen weights in 8 bits, which the statistics graph cannot read (export "
                "it without --int8-frozen)" if m.plan.frozen_int8 else "has no BatchNorm layer")
-        raise ValueError(f"--adapt bn re-estimates BatchNorm statistics; {artifact} {why}: "
-                         "run without --adapt")
+        raise ValueError(f"--adapt bn (and label-free --labels-per-class 0) re-estimates "
+                         f"BatchNorm statistics; {artifact} {why}: use labels, --adapt none")
     labelled = train
     if config.labels_per_class:
         chosen = first_per_class(np.asarray(train[1][:]), config.labels_per_class)
@@ -233,7 +233,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         damaged_resume_points_moved_to=set_aside, learning_rates=list(lrs),
         validation_windows=len(val[1]) if val is not None else None,
         guard=decision.to_dict() if decision else None, history=sel["history"],
-        adapt=config.adapt, labels_per_class=config.labels_per_class,
+        adapt="bn" if adapt else "none", labels_per_class=config.labels_per_class,
         test_correct_before=sel.get("test_correct_before"), test_correct_after=correct_after)
 
 

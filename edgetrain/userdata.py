@@ -93,14 +93,21 @@ def subject_split(m, artifact: str, user: int, dataset: str | None, protocol: st
                              f"accuracy on them would be optimistic. Export with "
                              f"--holdout-user {user}, or pick one of its held-out users "
                              f"{m.provenance.get('held_out_users', [m.provenance.get('holdout_user')])}")
-    split = datasets.user_split(dataset, user, val_fraction, protocol)
-    shape, k = m.input.data_shape(), m.num_classes
+    return recordings_split(datasets.recordings(dataset), user,
+                            datasets.protocol_of(dataset, protocol), m.input.data_shape(),
+                            m.num_classes, val_fraction)
+
+
+def recordings_split(recs: data.Recordings, user: int, protocol: str, shape: tuple[int, ...],
+                     k: int, val_fraction: float | None) -> UserData:
+    """Subject `user` of `recs` split by `protocol` (edgetrain.datasets.PROTOCOLS), every part
+    checked against the input spec (shape, k classes)."""
+    split = datasets.split_recordings(recs, user, protocol, val_fraction)
     train = data.check_xy(*split.train, shape, k, where=f"user {user}")
     val = (data.check_xy(*split.val, shape, k, where=f"user {user} validation")
            if split.val is not None else None)
     test = data.check_xy(*split.test, shape, k, where=f"user {user} test")
-    return UserData(train, val, test, split.test_groups,
-                    protocol or datasets.get(dataset).protocol)
+    return UserData(train, val, test, split.test_groups, protocol)
 
 
 def test_groups(test_file: str, n: int) -> tuple[np.ndarray, str]:

@@ -119,7 +119,7 @@ def test_watch_protocols_keep_their_splits():
     assert set(recs.side[np.unique(within.test_groups)].tolist()) == {data.PERSONALISE_SIDE}
     with pytest.raises(DataError, match="does not apply"):
         datasets.user_split("watch", 3, 0.25, "later-session")
-    with pytest.raises(DataError, match="not in the hapt data set"):
+    with pytest.raises(DataError, match="user 31 is not in the data set"):
         datasets.user_split("hapt", 31)
 
 

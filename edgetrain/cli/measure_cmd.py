@@ -36,8 +36,9 @@ def devices(as_json):
 @click.option("--select/--no-select", default=True, show_default=True,
               help="Replay on-device selection as personalise does by default (weights "
                    "saved, a candidate restarted, the best loaded back).")
-@click.option("--adapt", type=click.Choice(["none", "bn"]), default="none", show_default=True,
-              help="Replay personalise --adapt bn (BatchNorm statistics first).")
+@click.option("--adapt", type=click.Choice(["auto", "none", "bn"]), default="auto",
+              show_default=True, help="Replay personalise's --adapt (BatchNorm statistics "
+              "first; auto: where the artifact has BatchNorm layers, as personalise does).")
 @json_option
 def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, select,
             adapt, as_json):

@@ -92,8 +92,10 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               help="Epochs without a better validation score before a learning rate stops.")
 @click.option("--guard-margin", type=click.IntRange(min=0), default=1, show_default=True,
               help="Validation windows personalising must gain over the population model.")
-@click.option("--adapt", type=click.Choice(["none", "bn"]), default="none", show_default=True,
-              help="bn: re-estimate BatchNorm statistics from your windows first (no labels).")
+@click.option("--adapt", type=click.Choice(["auto", "none", "bn"]), default="auto",
+              show_default=True, help="bn: re-estimate BatchNorm statistics from your windows "
+              "first (no labels); the guard keeps them unless they lose a validation window. "
+              "auto: bn where the artifact has BatchNorm layers.")
 @click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
@@ -114,7 +116,7 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
         if labels_per_class == 0:  # label-free: adaptation only, nothing to select with
             if adapt == "none":
                 raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
-            epochs, labels_per_class, select = 0, None, False
+            epochs, labels_per_class, select, adapt = 0, None, False, "bn"
         d = user_split(artifact, user, data_file, test_file,
                        val_fraction if select else None, val_file if select else None,
                        dataset, protocol)

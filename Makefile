@@ -51,7 +51,7 @@ demo: setup
 	rm -rf runs/demo-u$(USER_ID)  # the demo starts afresh in its own folder (never the tour's runs/u10)
 	@B=$(BATCH); \
 	if [ "$$B" = auto ]; then \
-	  B=$$($(ET) fit artifacts/$(MODEL) --device $(DEVICE) --json | $(PY) -c 'import json, sys; f = json.load(sys.stdin); print(min(8, f["max_batch"])); f["max_batch"] or print(f["next_batch_error"], file=sys.stderr)') || exit $$?; \
+	  B=$$($(ET) fit artifacts/$(MODEL) --device $(DEVICE) --adapt auto --json | $(PY) -c 'import json, sys; f = json.load(sys.stdin); print(min(8, f["max_batch"])); f["max_batch"] or print(f["next_batch_error"], file=sys.stderr)') || exit $$?; \
 	fi; \
 	if [ "$$B" = 0 ]; then \
 	  echo "$(MODEL) cannot train on $(DEVICE) at any micro-batch (above: what one item needs)."; \
@@ -60,9 +60,9 @@ demo: setup
 	  exit 0; \
 	fi; \
 	echo "micro-batch $$B"; \
-	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --adapt bn --out runs/demo-u$(USER_ID) && \
+	$(ET) personalise artifacts/$(MODEL) --user $(USER_ID) --device $(DEVICE) --micro-batch $$B --adapt auto --out runs/demo-u$(USER_ID) && \
 	$(PY) bench/personalise_context.py --dataset $(DATASET) --device $(DEVICE) --model $(MODEL) && \
-	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE)
+	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE) --adapt auto
 
 test: setup
 	$(PY) -m pytest

@@ -73,7 +73,7 @@ def train_config(spec: FleetSpec, micro_batch: int | None) -> TrainConfig:
                        accumulation_steps=p.get("accumulation_steps"), seed=p.get("seed", 0),
                        checkpoint_every=p.get("checkpoint_every", 100),
                        lrs=tuple(lrs) if lrs else None, patience=p.get("patience", 2),
-                       guard_margin=p.get("guard_margin", 1), adapt=p.get("adapt", "auto"),
+                       guard_margin=p.get("guard_margin", 1), adapt=p.get("adapt", "none"),
                        labels_per_class=p.get("labels_per_class"))
 
 

@@ -56,7 +56,7 @@ class Measurement:
 
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,
             accumulation: int = 1, steps: int = 3, threads: int | None = None,
-            timeout_s: float = 1800, select: bool = True, adapt: str = "auto") -> Measurement:
+            timeout_s: float = 1800, select: bool = True, adapt: str = "none") -> Measurement:
     """Run the probe in a child process and read its allocator log. Raises BudgetError."""
     from edgetrain.budget import BudgetError
 
@@ -115,11 +115,11 @@ def peak_rss_bytes() -> int:
 
 
 def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int,
-           threads: int, tmp: str, select: bool = True, adapt: str = "auto") -> None:
+           threads: int, tmp: str, select: bool = True, adapt: str = "none") -> None:
     """Child process: replay the personalisation cycle with phase marks on stderr. select:
     also what on-device selection does (edgetrain/trainloop.py): weights saved, a candidate
-    restarted from them, the best loaded back. adapt "bn": BatchNorm statistics first; "auto"
-    (personalise's default): bn where the artifact has BatchNorm layers."""
+    restarted from them, the best loaded back. adapt "bn": BatchNorm statistics first; "auto":
+    bn where the artifact has BatchNorm layers."""
     import numpy as np
 
     from edgetrain.budget import BudgetError

@@ -25,7 +25,7 @@ COVERS = ("every byte ONNX Runtime allocates for the training working set: param
 def measure_report(artifact: str | Path, batch: int, *, device: str | None = None,
                    budget_bytes: int | None = None, accumulate: int = 1, steps: int = 3,
                    threads: int | None = None, plot_dir: str | Path | None = None,
-                   select: bool = True, adapt: str = "auto") -> dict:
+                   select: bool = True, adapt: str = "none") -> dict:
     """Measure the training cycle at `batch` (capped at budget_bytes if given) and put the
     prediction for the same thread count, the step's cost and recompute overhead beside it.
     plot_dir: also draw timeline.png and graph.png there (needs matplotlib).
@@ -51,7 +51,10 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
                          "checkpoints": list(manifest.plan.checkpoints),
                          "recomputed": list(manifest.plan.recomputed), "extra_flops": extra,
                          "extra_flops_ratio": round(extra / max(1, cost.flops - extra), 4)},
-           "predicted_device_step_time_s": device_time, "covers": COVERS}
+           "predicted_device_step_time_s": device_time, "covers": COVERS,
+           # --adapt replayed BatchNorm statistics first: a pass the prediction does not cover
+           "batchnorm_stats_pass": adapt == "bn" or (adapt == "auto" and
+                                                     names.BATCHNORM_STATS_MODEL in manifest.files)}
     if plot_dir:
         from exporters.graphview import write_graph_svg
         from exporters.report import plot_graph, plot_timeline  # matplotlib: only when asked
@@ -67,9 +70,10 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     return doc
 
 
-def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitResult:
+def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
+               adapt: str = "none") -> FitResult:
     """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
-    confirm (device_sim/scenario.py)."""
+    confirm (device_sim/scenario.py), replaying personalise --adapt `adapt`."""
     manifest = load_manifest(artifact)
 
     def predicted_peak(b: int) -> int | None:
@@ -78,7 +82,7 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5) -> FitRe
 
     def confirmed(b: int):
         try:
-            return measure(artifact, b, budget_bytes, steps=steps)
+            return measure(artifact, b, budget_bytes, steps=steps, adapt=adapt)
         except BudgetError as e:  # the error fit reports says what that batch needs
             raise with_predicted_need(e, artifact, b) from e
 

@@ -49,8 +49,8 @@ class TrainConfig:
     lrs: tuple[float, ...] | None = None  # candidates (None: the lr and its neighbours x3)
     patience: int = 2  # epochs without a new best validation score before a candidate stops
     guard_margin: int = 1  # validation windows the best must gain over the population model
-    adapt: str = "auto"  # "bn": BatchNorm statistics from the user's windows first (no labels);
-    # "auto" (the default): bn where the artifact has BatchNorm layers; "none": no adaptation
+    adapt: str = "none"  # "bn": BatchNorm statistics from the user's windows first (no labels);
+    # "auto": bn where the artifact has BatchNorm layers
     labels_per_class: int | None = None  # train on each class's first N windows only
 
     def fingerprint(self) -> dict:

@@ -30,6 +30,9 @@ from edgetrain.samples import blocks
 RESUME_DIR = "resume"
 SCHEMA = 2  # 2: the data order is edgetrain/shuffle.py's
 KEEP = 2  # resume points kept on disk
+# a state file is a few kilobytes (settings, hashes, generator states, one character a test
+# window): a larger one is not read (a damaged or hostile one would be parsed whole)
+MAX_STATE_BYTES = 4 << 20
 _STATE = re.compile(r"^state-(\d{8})\.json$")
 
 
@@ -174,10 +177,18 @@ def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
     skipped = []
     names = sorted((p.name for p in d.iterdir() if _STATE.match(p.name)), reverse=True)
     for name in names:
+        state = d / name
+        if state.is_symlink() or not state.is_file():
+            skipped.append(f"{name}: not a regular file of the run folder")
+            continue
+        if state.stat().st_size > MAX_STATE_BYTES:
+            skipped.append(f"{name}: {state.stat().st_size:,} bytes, more than a resume "
+                           f"point's {MAX_STATE_BYTES:,}")
+            continue
         try:
-            rs = ResumeState(**json.loads((d / name).read_text()))
-        except (ValueError, TypeError) as e:
-            skipped.append(f"{name}: unreadable ({e})")
+            rs = ResumeState(**json.loads(state.read_bytes()[:MAX_STATE_BYTES]))
+        except (ValueError, TypeError, RecursionError) as e:
+            skipped.append(f"{name}: unreadable ({str(e)[:200]})")
             continue
         ckpt = d / str(rs.checkpoint)
         if rs.schema != SCHEMA:

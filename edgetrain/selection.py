@@ -98,14 +98,17 @@ class Decision:
     best_epoch: int  # epochs of training of the best (0: the starting weights)
     margin_windows: int
     statistics_only: bool = False  # the best is the adapted start: no weight trained
+    adapted: Score | None = None  # the start after BatchNorm adaptation, when the run adapted
 
     @property
     def message(self) -> str:
         if self.kept_population:
+            also = ("" if self.adapted is None else f"; adapted BatchNorm statistics alone "
+                    f"{self.adapted.correct}/{self.adapted.windows}, which may not lose one")
             return ("kept the population model: personalisation did not help on your "
                     f"validation data ({self.best.correct}/{self.best.windows} right at best, "
                     f"the population model {self.population.correct}/{self.population.windows};"
-                    f" it needs {self.margin_windows} more)")
+                    f" it needs {self.margin_windows} more{also})")
         if self.statistics_only:
             return (f"adapted: BatchNorm statistics from your windows, no weight trained "
                     f"({self.best.correct}/{self.best.windows} validation windows right, the "
@@ -119,7 +122,8 @@ class Decision:
         return {"kept_population": self.kept_population, "message": self.message,
                 "population": self.population.to_dict(), "best": self.best.to_dict(),
                 "best_lr": self.best_lr, "best_epoch": self.best_epoch,
-                "margin_windows": self.margin_windows, "statistics_only": self.statistics_only}
+                "margin_windows": self.margin_windows, "statistics_only": self.statistics_only,
+                "adapted": None if self.adapted is None else self.adapted.to_dict()}
 
 
 def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
@@ -135,10 +139,12 @@ def decide(population: Score, best: Score, best_lr: float | None, best_epoch: in
     trained = best_epoch > 0 and best.correct >= population.correct + max(margin_windows, 0) \
         and (best.correct > population.correct or best.loss < population.loss)
     if trained:
-        return Decision(False, population, best, best_lr, best_epoch, margin_windows)
+        return Decision(False, population, best, best_lr, best_epoch, margin_windows,
+                        adapted=adapted)
     if adapted is not None and adapted.correct >= population.correct:
-        return Decision(False, population, adapted, None, 0, margin_windows, True)
-    return Decision(True, population, best, best_lr, best_epoch, margin_windows)
+        return Decision(False, population, adapted, None, 0, margin_windows, True, adapted)
+    return Decision(True, population, best, best_lr, best_epoch, margin_windows,
+                    adapted=adapted)
 
 
 def record_epoch(sel: dict, s: Score, lr: float, epoch: int) -> bool:

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+from edgetrain import names
+from edgetrain.manifest import ArtifactError, load_manifest
+
 LAYOUT_LETTERS = "CHWTF"  # channels, image rows and columns, time, features (docs/byom.md)
 
 
@@ -41,3 +44,22 @@ def check_export_arguments(example_input, out: Path, classes, lr, layout: str | 
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is a file; choose another out folder (nothing was "
                          "written)")
+    if out.is_dir() and any(out.iterdir()):  # checked again when the export replaces it
+        check_replaceable(out)
+
+
+def check_replaceable(out: Path) -> None:
+    """ValueError unless `out` is an edgetrain artifact an export may replace: its manifest
+    parses as ours and the folder holds exactly the manifest's files, nothing else, so a
+    replacement deletes nothing it did not write."""
+    try:
+        m = load_manifest(out, verify=False)
+    except ArtifactError as e:
+        raise ValueError(f"{out} exists and is not an edgetrain artifact ({e}); choose another "
+                         "--out folder, or empty it yourself (nothing was written)") from None
+    ours = {names.MANIFEST_NAME, *(f.path for f in m.files.values())}
+    others = sorted(p.name for p in out.iterdir() if p.name not in ours)
+    if others:
+        raise ValueError(f"{out} holds files an export did not write ({', '.join(others[:5])}"
+                         f"{' ...' if len(others) > 5 else ''}); replacing it would delete them. "
+                         "Choose another --out folder (nothing was written)")

@@ -19,7 +19,7 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from exporters.arguments import check_export_arguments
+from exporters.arguments import check_export_arguments, check_replaceable
 from exporters.convbn import fold_conv_batchnorms
 from exporters.dryrun import dry_run_artifact, export_within_budget
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
@@ -120,9 +120,8 @@ def _replace_folder(work: Path, out: Path) -> None:
     if not out.exists():
         os.rename(work, out)
         return
-    if not (out / names.MANIFEST_NAME).is_file() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not an edgetrain artifact; choose another --out "
-                         "folder (nothing was written)")
+    if any(out.iterdir()):
+        check_replaceable(out)
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     os.rename(out, old)
     os.rename(work, out)

@@ -131,11 +131,13 @@ def test_pretrain_cache_key_of_the_default_config_is_unchanged():
     from exporters.pretrain import CACHE_VERSION, PretrainConfig, cache_key
 
     cfg = PretrainConfig()
-    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("also_held_out", "dst")}
+    old = {k: v for k, v in dataclasses.asdict(cfg).items()
+           if k not in ("also_held_out", "dst", "dataset")}
     blob = json.dumps({"v": CACHE_VERSION, **old}, sort_keys=True).encode()
     assert cache_key(cfg) == hashlib.sha256(blob).hexdigest()[:16]
     assert cache_key(dataclasses.replace(cfg, dst=DstConfig())) != cache_key(cfg)
     assert cache_key(dataclasses.replace(cfg, also_held_out=(8,))) != cache_key(cfg)
+    assert cache_key(dataclasses.replace(cfg, dataset="hapt")) != cache_key(cfg)
 
 
 def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, monkeypatch):

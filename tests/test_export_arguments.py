@@ -46,3 +46,31 @@ def test_an_out_path_that_is_a_file_is_refused_and_kept(tmp_path):
     with pytest.raises(ValueError, match="exists and is a file"):
         export_artifact(model(), torch.zeros(2, 6, 16), out, classes=["a", "b", "c"])
     assert out.read_text() == "mine" and sorted(tmp_path.iterdir()) == [out]
+
+
+def snapshot(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_an_export_replaces_only_a_folder_it_wrote(tmp_path):
+    """--out that holds an unrelated manifest.json, or an artifact plus a file of the user's,
+    is refused with nothing deleted; an artifact folder as exported is replaced."""
+    args = dict(classes=["a", "b", "c"], lr=1e-3, layout="CT", plan=Plan(micro_batch=2))
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "manifest.json").write_text('{"name": "app"}')
+    (app / "notes.txt").write_text("mine")
+    before = snapshot(app)
+    with pytest.raises(ValueError, match="is not an edgetrain artifact"):
+        export_artifact(model(), torch.zeros(2, 6, 16), app, **args)
+    assert snapshot(app) == before
+    art = tmp_path / "art"
+    export_artifact(model(), torch.zeros(2, 6, 16), art, **args)
+    (art / "thesis.tex").write_text("mine")
+    before = snapshot(art)
+    with pytest.raises(ValueError, match="thesis.tex"):
+        export_artifact(model(), torch.zeros(2, 6, 16), art, **args)
+    assert snapshot(art) == before
+    (art / "thesis.tex").unlink()
+    export_artifact(model(), torch.zeros(2, 6, 16), art, **args)  # ours: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app", "art"]

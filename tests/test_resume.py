@@ -250,3 +250,19 @@ def test_fault_points_are_a_seam_only_the_simulator_arms(monkeypatch):
     with pytest.raises(ValueError, match="names no fault point"):
         kill_at("nowhere:1")
     assert install_from_env({}) is False
+
+
+def test_a_huge_or_linked_state_file_is_skipped_not_read(tmp_path):
+    """A state file over the bound, or a link (here to /dev/zero), is never parsed: --resume
+    names it damaged and looks at the next."""
+    from edgetrain import resume
+
+    d = tmp_path / resume.RESUME_DIR
+    d.mkdir()
+    (d / "state-00000009.json").symlink_to("/dev/zero")
+    with open(d / "state-00000008.json", "wb") as f:
+        f.truncate(resume.MAX_STATE_BYTES + 1)
+    with pytest.raises(resume.NoIntactPoint) as e:
+        resume.latest(tmp_path)
+    assert "state-00000009.json: not a regular file" in str(e.value)
+    assert f"more than a resume point's {resume.MAX_STATE_BYTES:,}" in str(e.value)

@@ -188,9 +188,9 @@ def test_label_free_adaptation_and_few_labels(tiny_artifact, files, tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["train_items"] == 2 * 3  # 2 windows of each of 3 classes
     p = cli("personalise", tiny_artifact, "--data", files / "train.npz", "--budget", "4MiB",
-            "--labels-per-class", "0", "--out", tmp_path / "auto", "--json")
+            "--labels-per-class", "0", "--adapt", "auto", "--out", tmp_path / "auto", "--json")
     assert p.returncode == 0, p.stderr  # --adapt auto: this artifact has BatchNorm layers
     assert json.loads(p.stdout)["adapt"] == "bn"
     p = cli("personalise", tiny_artifact, "--data", files / "train.npz", "--budget", "4MiB",
-            "--labels-per-class", "0", "--adapt", "none", "--out", tmp_path / "none")
+            "--labels-per-class", "0", "--out", tmp_path / "none")
     assert p.returncode == 2 and "--adapt bn" in p.stderr

@@ -36,9 +36,10 @@ def devices(as_json):
 @click.option("--select/--no-select", default=True, show_default=True,
               help="Replay on-device selection as personalise does by default (weights "
                    "saved, a candidate restarted, the best loaded back).")
-@click.option("--adapt", type=click.Choice(["auto", "none", "bn"]), default="auto",
-              show_default=True, help="Replay personalise's --adapt (BatchNorm statistics "
-              "first; auto: where the artifact has BatchNorm layers, as personalise does).")
+@click.option("--adapt", type=click.Choice(["none", "bn", "auto"]), default="none",
+              show_default=True, help="Replay personalise --adapt (bn: BatchNorm statistics "
+              "first; auto: where the artifact has BatchNorm layers). The prediction covers "
+              "the training cycle, not the statistics pass.")
 @json_option
 def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, select,
             adapt, as_json):
@@ -69,7 +70,9 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     err = (doc["predicted_peak_bytes"] - peak) / peak
     if doc["predicted_complete"]:
         click.echo(f"predicted peak (static graph plan, {doc['predicted_threads']} threads): "
-                   f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)")
+                   f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)"
+                   + ("; the prediction covers the training cycle, not the BatchNorm "
+                      "statistics pass --adapt replayed" if doc["batchnorm_stats_pass"] else ""))
     else:
         click.echo(f"predictor: {doc['prediction_caveat']}")
     device_time = doc["predicted_device_step_time_s"]
@@ -90,8 +93,11 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
 @click.argument("artifact", type=click.Path())
 @device_option()
 @budget_option("Budget in bytes, e.g. 15MiB.")
+@click.option("--adapt", type=click.Choice(["none", "bn", "auto"]), default="none",
+              show_default=True, help="Confirm with personalise --adapt replayed (BatchNorm "
+              "statistics first).")
 @json_option
-def fit(artifact, device, budget, as_json):
+def fit(artifact, device, budget, adapt, as_json):
     """Largest batch that trains under a budget: predicted, then confirmed by capped runs."""
     from device_sim.reports import fit_report
 
@@ -99,7 +105,7 @@ def fit(artifact, device, budget, as_json):
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors():
-        r = fit_report(artifact, budget_bytes)
+        r = fit_report(artifact, budget_bytes, adapt=adapt)
     if as_json:
         click.echo(json.dumps({"artifact": str(artifact), "device": device, **r.to_dict()},
                               indent=2))

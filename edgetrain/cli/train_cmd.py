@@ -92,10 +92,11 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               help="Epochs without a better validation score before a learning rate stops.")
 @click.option("--guard-margin", type=click.IntRange(min=0), default=1, show_default=True,
               help="Validation windows personalising must gain over the population model.")
-@click.option("--adapt", type=click.Choice(["auto", "none", "bn"]), default="auto",
+@click.option("--adapt", type=click.Choice(["none", "bn", "auto"]), default="none",
               show_default=True, help="bn: re-estimate BatchNorm statistics from your windows "
-              "first (no labels); the guard keeps them unless they lose a validation window. "
-              "auto: bn where the artifact has BatchNorm layers.")
+              "first (no labels); the guard keeps them unless they lose a validation window "
+              "(the benchmark's and the demo's recipe). auto: bn where the artifact has "
+              "BatchNorm layers. `measure --adapt` replays it.")
 @click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option

@@ -20,6 +20,7 @@ from edgetrain.artifactbytes import inference_bytes_of, module_constants_bytes, 
 from edgetrain.budget import (BudgetError, BudgetSplit, budget_error_from, fixes, install_arena,
                              with_prediction)
 from edgetrain.manifest import ArtifactError, Manifest, load_manifest
+from edgetrain.specs import check_logits
 from edgetrain.maskupdate import update_masks
 from edgetrain.nchwcprobe import check_block
 from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
@@ -170,14 +171,12 @@ class DeviceRuntime:
             raise self._translate(e, what) from e
 
     def preflight(self, mask_gradients: bool = False, batchnorm_stats: bool = False) -> None:
-        """Run one forward/backward at the micro-batch shape on zeros, then undo its effects.
-
-        A budget too small for training fails here, before any data is touched or any
-        checkpoint written. Gradients are reset; BatchNorm running statistics, which a
-        training-mode forward updates in place, are restored. mask_gradients / batchnorm_stats
-        also run those side graphs once, for work that will need them, in the order a run
-        does: BatchNorm statistics (label-free adaptation) before training.
-        """
+        """Run one forward/backward at the micro-batch shape on zeros, then undo its effects:
+        a budget too small for training fails here, before any data is touched or any
+        checkpoint written, and so do logits narrower than the manifest's classes. Gradients
+        are reset; BatchNorm running statistics, which a training-mode forward updates in
+        place, are restored. mask_gradients / batchnorm_stats also run those side graphs once,
+        in the order a run does: BatchNorm statistics (label-free adaptation) first."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
@@ -185,7 +184,8 @@ class DeviceRuntime:
         if batchnorm_stats:
             self.side.batchnorm_means([x])
         self.module.train()
-        self._run(x, y, f"a training step at micro-batch {b}")
+        _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
+        check_logits(np.shape(logits), b, self.manifest.num_classes)
         self.module.lazy_reset_grad()
         if mask_gradients:
             self.side.dense_gradients([(x, y)])

@@ -101,3 +101,13 @@ def itemsize(dtype: str) -> int:
     if dtype not in sizes:
         raise ArtifactError(f"unsupported tensor dtype {dtype!r}")
     return sizes[dtype]
+
+
+def check_logits(shape, batch: int, classes: int) -> None:
+    """The training graph's logits must be [batch, classes] for the manifest's classes, or a
+    label the manifest allows could index past the graph's logits inside ORT's loss."""
+    if tuple(shape) != (batch, classes):
+        raise ArtifactError(f"the training graph gives logits of shape {tuple(shape)}, but the "
+                            f"manifest lists {classes} classes (micro-batch {batch}): a label "
+                            "beyond the graph's logits would reach its loss. The artifact is "
+                            "refused; re-export it")

@@ -84,6 +84,21 @@ def test_manifest_of_another_schema_version(art, saved):
     refused(resume(art, saved), saved, "schema_version is 99, this runtime reads 1")
 
 
+def test_manifest_listing_more_classes_than_the_logits(art, tmp_path):
+    """The manifest is not hashed: one more class than the graph's logits lets a label reach
+    ORT's loss past the logits (a crash). The preflight compares them first."""
+    rewrite_manifest(art, classes=["a", "b", "c", "d"])
+    x, y = tiny_data(24)
+    y[-1] = 3  # a label the manifest allows, beyond the graph's three logits
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    p = cli("personalise", art, "--data", tmp_path / "d.npz", "--budget", "4MiB", "--no-select",
+            "--out", tmp_path / "run")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "logits of shape (4, 3), but the manifest lists 4 classes" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
 def test_file_truncated(art, saved):
     p = art / "training_model.onnx"
     p.write_bytes(p.read_bytes()[:-10])

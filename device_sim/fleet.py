@@ -35,6 +35,7 @@ from device_sim.synthusers import is_synthetic
 from edgetrain import datasets
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.manifest import load_manifest
+from edgetrain.runfolder import check_placement
 
 MiB = 1 << 20
 # A run process's own resident memory before the runtime allocates (Python, numpy, ONNX
@@ -126,6 +127,7 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
 
     t0 = time.perf_counter()
     out = Path(out)
+    check_placement(out, spec.artifact)  # never write runs into the artifact's folder
     check_users(spec)
     prepare(spec, out)
     mbs = micro_batches(spec, out)
@@ -144,6 +146,10 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     try:
         if todo:
             cpus = int(ray.cluster_resources().get("CPU", 0))
+            if spec.threads > cpus:  # a task asking more CPUs than exist waits forever
+                raise SpecError(f"threads is {spec.threads}, but the Ray cluster has {cpus} "
+                                f"CPUs: no run could ever start; set \"threads\" to at most "
+                                f"{cpus} (nothing was started)")
             failed = _schedule(ray, spec, out, todo, mbs, progress, cpus)
     finally:
         if started:

@@ -39,6 +39,15 @@ PERSONALISE_KEYS = ("epochs", "lr", "lr_grid", "seed", "checkpoint_every", "pati
                     "accumulation_steps")
 
 
+MAX_SPEC_BYTES = 1 << 20  # a fleet spec is a few hundred bytes of JSON
+MAX_SYNTHETIC_USERS = 100_000
+# personalise settings: (JSON kinds, what a value must be); TrainConfig checks the ranges
+_KINDS = {"epochs": (int,), "lr": (int, float), "seed": (int,), "checkpoint_every": (int,),
+          "patience": (int,), "guard_margin": (int,), "adapt": (str,),
+          "labels_per_class": (int,), "select": (bool,), "val_fraction": (int, float),
+          "accumulation_steps": (int,), "lr_grid": (list,)}
+
+
 class SpecError(ValueError):
     """The fleet spec is malformed: the message says what, the value, and the fix."""
 
@@ -111,8 +120,16 @@ def parse_spec(doc: dict, base: Path = Path(".")) -> FleetSpec:
                         "{\"real\": [10], \"synthetic\": 100}")
     real = _ints(users.get("real", []), "users.real")
     synthetic = users.get("synthetic", 0)
-    if not isinstance(synthetic, int) or isinstance(synthetic, bool) or synthetic < 0:
-        raise SpecError(f"users.synthetic must be a whole number >= 0, got {synthetic!r}")
+    if not isinstance(synthetic, int) or isinstance(synthetic, bool) or not (
+            0 <= synthetic <= MAX_SYNTHETIC_USERS):
+        raise SpecError(f"users.synthetic must be a whole number from 0 to "
+                        f"{MAX_SYNTHETIC_USERS:,}, got {synthetic!r}")
+    seed = users.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise SpecError(f"users.seed must be a whole number, got {seed!r}")
+    every = doc.get("every_device", False)
+    if not isinstance(every, bool):
+        raise SpecError(f"every_device must be true or false, got {every!r}")
     sources = _ints(users.get("sources", list(real)), "users.sources")
     if synthetic and not sources:
         raise SpecError("synthetic users are made from real subjects: give users.sources "
@@ -132,7 +149,8 @@ def parse_spec(doc: dict, base: Path = Path(".")) -> FleetSpec:
     mb = doc.get("micro_batch", {})
     mb = {"*": mb} if not isinstance(mb, dict) else mb
     for k, v in mb.items():
-        if v not in ("auto", "artifact") and not (isinstance(v, int) and v > 0):
+        if v not in ("auto", "artifact") and not (isinstance(v, int) and not isinstance(
+                v, bool) and v > 0):
             raise SpecError(f"micro_batch for {k!r} is {v!r}; use a positive number, \"auto\" "
                             "(the planner's choice) or \"artifact\" (its plan)")
     pers = doc.get("personalise", {})
@@ -140,6 +158,7 @@ def parse_spec(doc: dict, base: Path = Path(".")) -> FleetSpec:
     if bad:
         raise SpecError(f"unknown personalise settings {sorted(bad)}; known: "
                         f"{list(PERSONALISE_KEYS)}")
+    check_personalise(pers)
     threads, retries = doc.get("threads", 1), doc.get("max_retries", 3)
     for what, v, lo in (("threads", threads, 1), ("max_retries", retries, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -153,14 +172,45 @@ def parse_spec(doc: dict, base: Path = Path(".")) -> FleetSpec:
         except ValueError as e:
             raise SpecError(f"fault {k!r}: {e}") from None
     return FleetSpec(artifact=str(art), real_users=real, synthetic_users=synthetic,
-                     seed=int(users.get("seed", 0)), sources=sources, devices=dict(devices),
-                     every_device=bool(doc.get("every_device", False)), micro_batch=dict(mb),
+                     seed=seed, sources=sources, devices=dict(devices),
+                     every_device=every, micro_batch=dict(mb),
                      personalise=dict(pers), threads=threads, max_retries=retries,
                      faults=dict(faults))
 
 
+def check_personalise(pers: dict) -> None:
+    """Each personalise setting of the correct JSON kind, and together a valid TrainConfig
+    (ranges: edgetrain/personalise.py), so that a bad one fails before any run starts."""
+    from edgetrain.personalise import TrainConfig
+
+    for k, v in pers.items():
+        kinds = _KINDS[k]
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds) or (
+                k == "lr_grid" and not all(isinstance(x, (int, float)) and not isinstance(
+                    x, bool) for x in v)):
+            want = {int: "a whole number", float: "a number", bool: "true or false",
+                    str: "a string", list: "a list of numbers"}[kinds[-1]]
+            raise SpecError(f"personalise.{k} is {v!r}, not {want}; see docs/fleet.md")
+    val = pers.get("val_fraction", 0.25)
+    if not 0 < val < 1:
+        raise SpecError(f"personalise.val_fraction is {val!r}; it must lie between 0 and 1")
+    try:
+        TrainConfig(**{k: v for k, v in pers.items() if k not in ("select", "val_fraction",
+                                                                  "lr_grid")},
+                    lrs=tuple(pers["lr_grid"]) if pers.get("lr_grid") else None)
+    except ValueError as e:
+        raise SpecError(f"personalise settings: {e}") from None
+
+
 def load_spec(path: str | os.PathLike) -> FleetSpec:
+    """The spec at `path`: a regular file of at most MAX_SPEC_BYTES of JSON, checked."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise SpecError(f"fleet spec {p} is not a regular file (a device, FIFO or folder); "
+                        "give the path of a .json spec (docs/fleet.md)")
+    if p.is_file() and p.stat().st_size > MAX_SPEC_BYTES:
+        raise SpecError(f"fleet spec {p} is {p.stat().st_size:,} bytes; a spec is at most "
+                        f"{MAX_SPEC_BYTES:,}")
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:

@@ -156,10 +156,48 @@ def test_synthetic_users_are_seeded_and_physical():
      "unknown fleet spec keys"),
     ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
       "faults": {"10@mcu-2mb": "worker:nowhere:1"}}, "names no fault point"),
+    # wrong but once accepted: each crashed or misbehaved every run (issue 37)
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "personalise": {"epochs": "three"}}, "personalise.epochs is 'three', not a whole number"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "personalise": {"lr": -1}}, "learning rate must be a finite number above 0"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "personalise": {"lr_grid": [1e-3, "x"]}}, "list of numbers"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "personalise": {"val_fraction": 1.5}}, "between 0 and 1"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "micro_batch": True}, "micro_batch"),
+    ({"artifact": "a", "users": {"real": [10]}, "devices": {"mcu-2mb": 1},
+      "every_device": "false"}, "every_device must be true or false"),
+    ({"artifact": "a", "users": {"real": [10], "seed": [1, 2]}, "devices": {"mcu-2mb": 1}},
+     "users.seed must be a whole number"),
+    ({"artifact": "a", "users": {"synthetic": 10**12, "sources": [10]},
+      "devices": {"mcu-2mb": 1}}, "users.synthetic must be a whole number from 0"),
 ])
 def test_bad_specs_say_what_and_how_to_fix(doc, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(doc)
+
+
+def test_fleet_users_must_be_subjects_of_the_artifacts_data_set(imu_artifact):
+    from device_sim.fleet import check_users
+
+    spec = parse_spec({"artifact": str(imu_artifact), "users": {"real": [99]},
+                       "devices": {"watch-app-low": 1}})
+    with pytest.raises(SpecError, match="users \\[99\\] are not subjects of the watch data"):
+        check_users(spec)
+
+
+def test_a_fleet_spec_that_is_no_regular_file_or_too_large_is_not_read(tmp_path):
+    from device_sim.fleetspec import MAX_SPEC_BYTES, load_spec
+
+    with pytest.raises(SpecError, match="not a regular file"):
+        load_spec("/dev/zero")
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_SPEC_BYTES + 1)
+    with pytest.raises(SpecError, match="a spec is at most"):
+        load_spec(big)
 
 
 def test_fleet_users_must_be_outside_the_pretraining_population(imu_artifact, tmp_path):

@@ -69,6 +69,52 @@ class ResumeState:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def problem(self) -> str | None:
+        """What makes the state unusable whatever its hashes say (a damaged or hostile file:
+        a negative epoch would loop for ever), or None. Kinds and ranges of what is read."""
+        counts = {k: getattr(self, k) for k in ("schema", "steps", "total_steps", "epoch",
+                                                 "step_in_epoch", "mask_updates",
+                                                 "regrown_weights", "checkpoint_bytes")}
+        for k, v in counts.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                return f"{k} is {repr(v)[:40]}, not a whole number >= 0"
+        if self.steps > self.total_steps or self.epoch > self.total_steps + 1:
+            return f"steps {self.steps} / epoch {self.epoch} lie beyond its {self.total_steps}"
+        if self.accuracy_before is not None and not (
+                isinstance(self.accuracy_before, (int, float))
+                and not isinstance(self.accuracy_before, bool)
+                and 0.0 <= self.accuracy_before <= 1.0):
+            return f"accuracy_before is {repr(self.accuracy_before)[:40]}, not in [0, 1]"
+        for k in ("epoch_rng_state", "mask_rng_state", "selection", "run_settings"):
+            v = getattr(self, k)
+            if not isinstance(v, dict) and not (v is None and k in ("selection", "run_settings")):
+                return f"{k} is not an object"
+        for k in ("artifact_manifest_sha256", "run_sha256", "checkpoint", "checkpoint_sha256"):
+            if not isinstance(getattr(self, k), str):
+                return f"{k} is not a string"
+        return None if self.selection is None else selection_problem(self.selection)
+
+
+def selection_problem(sel: dict) -> str | None:
+    """What is wrong with a resume point's selection state (edgetrain/trainloop.py), or None:
+    the counters whole numbers, the scores (population, start, best) all there together, each
+    with whole-number counts and a numeric loss."""
+    for k in ("candidate", "since_best"):
+        if not isinstance(sel.get(k), int) or isinstance(sel.get(k), bool) or sel[k] < 0:
+            return f"selection.{k} is {repr(sel.get(k))[:40]}, not a whole number >= 0"
+    if not isinstance(sel.get("history"), list):
+        return "selection.history is not a list"
+    scores = [k for k in ("population", "start", "best") if k in sel]
+    if scores and len(scores) != 3:
+        return f"selection holds {scores} of its three scores (population, start, best)"
+    for k in scores:
+        v = sel[k]
+        if not (isinstance(v, dict) and all(isinstance(v.get(f), int) and not isinstance(
+                v.get(f), bool) for f in ("correct", "windows")) and isinstance(
+                v.get("loss"), (int, float)) and not isinstance(v.get("loss"), bool)):
+            return f"selection.{k} is not a score (correct, windows, loss)"
+    return None
+
 
 def artifact_sha256(artifact: str | os.PathLike) -> str:
     return sha256_file(Path(artifact) / MANIFEST_NAME)
@@ -191,7 +237,9 @@ def latest(run: str | os.PathLike) -> tuple[ResumeState, Path, list[str]]:
             skipped.append(f"{name}: unreadable ({str(e)[:200]})")
             continue
         ckpt = d / str(rs.checkpoint)
-        if rs.schema != SCHEMA:
+        if rs.problem():
+            skipped.append(f"{name}: {rs.problem()}")
+        elif rs.schema != SCHEMA:
             skipped.append(f"{name}: schema {rs.schema}, this runtime reads {SCHEMA}")
         elif (os.path.basename(str(rs.checkpoint)) != rs.checkpoint
               or rs.checkpoint in ("", ".", "..") or ckpt.is_symlink()):

@@ -266,3 +266,32 @@ def test_a_huge_or_linked_state_file_is_skipped_not_read(tmp_path):
         resume.latest(tmp_path)
     assert "state-00000009.json: not a regular file" in str(e.value)
     assert f"more than a resume point's {resume.MAX_STATE_BYTES:,}" in str(e.value)
+
+
+GOOD_STATE = dict(schema=2, artifact_manifest_sha256="a" * 64, run_sha256="b" * 64, steps=4,
+                  total_steps=10, epoch=1, step_in_epoch=0, epoch_rng_state={},
+                  mask_rng_state={}, mask_updates=0, regrown_weights=0, accuracy_before=0.5,
+                  checkpoint="ckpt-00000004", checkpoint_bytes=100, checkpoint_sha256="c" * 64,
+                  selection={"candidate": 0, "since_best": 0, "history": []})
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"epoch": -10**9}, "epoch is -1000000000"),
+    ({"steps": 11}, "lie beyond"),
+    ({"accuracy_before": "hacked"}, "accuracy_before is 'hacked'"),
+    ({"selection": {"candidate": 0, "since_best": 0, "history": [], "best": {}}},
+     "of its three scores"),
+    ({"selection": {"candidate": "0", "since_best": 0, "history": []}}, "selection.candidate"),
+    ({"mask_rng_state": None}, "mask_rng_state is not an object"),
+])
+def test_a_state_whose_values_cannot_be_right_is_skipped(tmp_path, change, reason):
+    """Hashes can be resealed: the values a resume reads are checked for kind and range (a
+    negative epoch looped for ever; a string accuracy went into result.json)."""
+    from edgetrain import resume
+
+    assert resume.ResumeState(**GOOD_STATE).problem() is None
+    d = tmp_path / resume.RESUME_DIR
+    d.mkdir()
+    (d / "state-00000004.json").write_text(json.dumps({**GOOD_STATE, **change}))
+    with pytest.raises(resume.NoIntactPoint, match=reason):
+        resume.latest(tmp_path)

@@ -32,8 +32,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from device_sim.fleetproc import die_with_parent
 from device_sim.layout import fix_address_layout
 from edgetrain.arenalog import CATEGORIES, MARK, parse_arena_log  # noqa: F401 (re-exported)
+
+def _child_setup() -> None:
+    """In the measuring child before it runs: the address layout fixed, and a SIGKILL when
+    the process that started it ends (a killed `measure` leaves no child spinning)."""
+    fix_address_layout()
+    die_with_parent()
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -69,7 +77,7 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                str(int(select)), adapt]
         with open(log, "wb") as f:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, timeout=timeout_s,
-                                  preexec_fn=fix_address_layout)
+                                  preexec_fn=_child_setup)
         text = log.read_text(errors="replace")
         result_path = Path(tmp) / "probe.json"
         if proc.returncode != 0 or not result_path.exists():

@@ -315,3 +315,37 @@ def test_resume_takes_the_plans_values_given_or_not(tiny_artifact, saved, tmp_pa
     p = run(tiny_artifact, saved["data"], out, "--resume", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["resumed_from_step"] is not None
+
+
+def test_the_measuring_child_dies_with_measure(tiny_artifact):
+    """A killed `measure` leaves no child process running its graph (issue 37: a child
+    reparented to init was still spinning 35 minutes later)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "edgetrain.cli", "measure", str(tiny_artifact),
+                          "--batch", "4", "--steps", "100000"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child = None
+        for _ in range(600):  # the child starts after the parent's imports
+            out = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
+            if out.stdout.split():
+                child = int(out.stdout.split()[0])
+                break
+            time.sleep(0.1)
+        assert child is not None, "measure started no child"
+        time.sleep(2.0)  # let it run its graph
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        for _ in range(100):
+            if not Path(f"/proc/{child}").exists() or \
+                    Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the measuring child outlived measure")
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -66,6 +66,14 @@ def _reconstructor(cls, base, state):
     return copyreg._reconstructor(cls, base, state)
 
 
+def _latin1_bytes(text: str, encoding: str) -> bytes:
+    """How protocol 2 spells a bytes object: _codecs.encode(text, "latin1"); no other codec
+    (some decompress, which a hostile pickle could use to balloon memory)."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"refusing _codecs.encode with {encoding!r}")
+    return codecs.encode(text, "latin1")
+
+
 def _ndarray_reconstruct(subtype, shape, dtype):
     if subtype is not np.ndarray:
         raise pickle.UnpicklingError(f"refusing an array of type {subtype!r}")
@@ -87,7 +95,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         ("builtins", "object"): object,
         ("__builtin__", "slice"): slice,
         ("builtins", "slice"): slice,
-        ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
+        ("_codecs", "encode"): _latin1_bytes,  # how protocol 2 spells bytes
         ("pandas.core.indexes.base", "_new_Index"): _new_index,
     }
     PANDAS_CLASSES = {("pandas.core.frame", "DataFrame"),

@@ -45,6 +45,20 @@ def test_restricted_unpickler_refuses_any_other_class(tmp_path, payload):
     assert not marker.exists()
 
 
+def test_restricted_unpickler_allows_only_latin1_bytes():
+    """_codecs.encode spells bytes in protocol 2; another codec (zlib could inflate) is not."""
+    import codecs
+
+    class Zipped:
+        def __reduce__(self):
+            return codecs.encode, ("x" * 10, "zlib")
+
+    with pytest.raises(pickle.UnpicklingError, match="refusing _codecs.encode"):
+        hapt.RestrictedUnpickler(io.BytesIO(pickle.dumps(Zipped(), protocol=2))).load()
+    assert hapt.RestrictedUnpickler(io.BytesIO(pickle.dumps(b"ab", protocol=2)),
+                                    encoding="latin1").load() == b"ab"
+
+
 def test_restricted_unpickler_builds_arrays_and_plain_data():
     blob = pickle.dumps({3: [{"x": np.arange(6.0).reshape(2, 3), "s": slice(0, 2, 1)}]},
                         protocol=2)

@@ -165,8 +165,9 @@ def _member(zf: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, where: str,
     with zf.open(info) as s:
         shape, dtype, header = _npy_header(s, where)
     if dtype.kind not in ("f" if kind == "f" else "iu"):
-        raise DataError(f"{where} has dtype {dtype}, expected "
-                          f"{'a float array' if kind == 'f' else 'integer class labels'}")
+        raise DataError(f"{where} has dtype {dtype}, expected " + (
+            "a float array" if kind == "f" else "integer class labels" if where.endswith(
+                "[y]") else "integers"))
     if not shape:
         raise DataError(f"{where} is a scalar; expected one row per sample")
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize

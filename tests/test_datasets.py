@@ -156,3 +156,22 @@ def test_hapt_artifact_personalises_a_held_out_user_across_sessions(tmp_path):
     res = json.loads((tmp_path / "u4" / "result.json").read_text())
     split = datasets.user_split("hapt", 4)
     assert res["test_recordings"] == split.test_groups.tolist()
+
+
+def test_a_test_file_names_its_recordings_or_blocks_stand_in(tmp_path):
+    from edgetrain.userdata import TEST_BLOCK_WINDOWS, test_groups
+
+    x = np.zeros((12, 4), np.float32)
+    np.savez(tmp_path / "g.npz", x=x, y=np.zeros(12, np.int64), groups=np.repeat([7, 8], 6))
+    np.savez(tmp_path / "n.npz", x=x, y=np.zeros(12, np.int64))
+    np.savez(tmp_path / "bad.npz", x=x, y=np.zeros(12, np.int64), groups=np.zeros(5))
+    groups, unit = test_groups(str(tmp_path / "g.npz"), 12)
+    assert groups.tolist() == [7] * 6 + [8] * 6 and unit == "recordings"
+    groups, unit = test_groups(str(tmp_path / "n.npz"), 12)
+    assert groups.tolist() == (np.arange(12) // TEST_BLOCK_WINDOWS).tolist()
+    assert unit == f"blocks of {TEST_BLOCK_WINDOWS} windows"
+    with pytest.raises(DataError, match="groups.* has dtype float64, expected integers"):
+        test_groups(str(tmp_path / "bad.npz"), 12)
+    np.savez(tmp_path / "short.npz", x=x, y=np.zeros(12, np.int64), groups=np.zeros(5, int))
+    with pytest.raises(DataError, match="one integer recording id per test window"):
+        test_groups(str(tmp_path / "short.npz"), 12)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from device_sim.fleetproc import die_with_parent
 from device_sim.layout import fix_address_layout
+from edgetrain.watchdog import STALLED, StalledError
 from edgetrain.arenalog import CATEGORIES, MARK, parse_arena_log  # noqa: F401 (re-exported)
 
 def _child_setup() -> None:
@@ -90,6 +90,9 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                                       e.get("predicted", False))
                 raise {"MemoryError": MemoryError, "ValueError": ValueError}.get(
                     e["kind"], RuntimeError)(e["message"])
+            said = [ln for ln in text.splitlines() if ln.startswith("error: ") and STALLED in ln]
+            if proc.returncode == -9 and said:  # the child's watchdog stopped it
+                raise StalledError(said[-1][len("error: "):])
             tail = "\n".join(text.splitlines()[-5:])
             raise RuntimeError(f"measurement process failed (exit {proc.returncode}):\n{tail}")
         probe = json.loads(result_path.read_text())
@@ -131,8 +134,10 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     import numpy as np
 
     from edgetrain.budget import BudgetError
-    from edgetrain import names
+    from edgetrain import names, watchdog
     from edgetrain.ort_device import onnxruntime
+
+    watchdog.enable()  # a stalled call ends this child with EXIT_STALLED (edgetrain/watchdog.py)
 
     ort = onnxruntime()
     ort.set_default_logger_severity(1)  # INFO: the arena's growth lines

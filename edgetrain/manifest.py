@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.graphcheck import check_model_file
 from edgetrain.manifestcheck import check_dict, check_patching
 from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
 from edgetrain.specs import (IMU_CHANNELS, PREPROCESSES, ArtifactError, InputSpec, MaskSpec,
@@ -257,22 +258,4 @@ def verify_files(folder: Path, m: Manifest) -> None:
             raise ArtifactError(f"{role} file {p} has sha256 {digest[:16]}…, the manifest says "
                                 f"{entry.sha256[:16]}…: the file was modified; copy the artifact again")
         if entry.path.endswith(".onnx"):
-            _refuse_external_data(role, p)
-
-
-def _refuse_external_data(role: str, path: Path) -> None:
-    """A graph may not pull bytes from files the manifest does not cover (edgetrain/onnxscan.py)."""
-    from edgetrain.onnxscan import MalformedOnnx, external_data
-
-    try:
-        refs = external_data(path.read_bytes())
-    except MalformedOnnx as e:
-        raise ArtifactError(f"{role} file {path} is not a readable ONNX model ({e}); "
-                            "re-export the artifact") from e
-    if refs:
-        name, location = refs[0]
-        raise ArtifactError(
-            f"{role} file {path} keeps tensor {name!r} in an external file {location!r} "
-            f"({len(refs)} external tensor(s)); edgetrain artifacts carry no external data, and "
-            "a path outside the artifact folder would let the graph read any file. The "
-            "artifact is refused; re-export it with edgetrain")
+            check_model_file(role, p)  # what the graph will do (edgetrain/graphcheck.py)

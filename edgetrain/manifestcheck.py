@@ -105,6 +105,9 @@ def check_dict(d: dict, plan_fields) -> None:
         _fail("plan.patch_size", plan["patch_size"], "0 (no patches) or a patch size")
     for key in ("optimizer", "predicted", "provenance"):
         expect(d.get(key), dict, key)
+    flops = expect(d["predicted"].get("step_flops"), int, "predicted.step_flops", optional=True)
+    if flops is not None and flops < 0:  # sizes the step watchdog's bound (edgetrain/watchdog.py)
+        _fail("predicted.step_flops", flops, "a whole number of at least 0")
     for i, m in enumerate(expect(d.get("masks", []), list, "masks")):
         expect(m, dict, f"masks[{i}]")
         for key in ("weight", "values", "positions"):

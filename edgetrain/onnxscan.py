@@ -11,8 +11,12 @@ from onnx.proto3): ModelProto.graph and functions, FunctionProto nodes and defau
 values, GraphProto initializers, sparse initializers and nodes, NodeProto attributes,
 AttributeProto tensors and subgraphs.
 Everything else is skipped by its length, so a graph of many MB scans in milliseconds.
+`outline` reads, along the same fields, what the operator check needs (edgetrain/graphcheck.py):
+each main-graph node's operator, domain, integer attributes and whether it holds a subgraph.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # (message, field number) -> message type of that field, for the fields that lead to tensors
 _CHILDREN = {
@@ -168,3 +172,129 @@ def initializer_data(data: bytes) -> dict[str, bytes]:
             if name is not None and raw is not None:
                 found[name] = raw
     return found
+
+
+# NodeProto, AttributeProto and ModelProto fields read by nodes() (onnx.proto3)
+_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP, _NODE_ATTR, _NODE_DOMAIN = 1, 2, 3, 4, 5, 7
+_ATTR_NAME, _ATTR_INT, _ATTR_GRAPH, _ATTR_INTS, _ATTR_GRAPHS = 1, 3, 6, 8, 11
+_MODEL_GRAPH, _MODEL_FUNCTIONS, _INT64, _TENSOR_INT64_DATA = 7, 25, 7, 7
+_MAX_INT_VALUES = 64  # an integer constant longer than this is no shape
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _ints(wire: int, value) -> list[int]:
+    if wire == 0:
+        return [_signed(value)]
+    out, i = [], 0
+    while i < len(value):
+        v, i = _varint(value, i)
+        out.append(_signed(v))
+    return out
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of an ONNX graph, as much of it as the operator check reads."""
+    op_type: str
+    domain: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    ints: dict  # integer attributes: name -> tuple of values
+    has_subgraph: bool  # an attribute holds a graph (control flow: If, Loop, Scan)
+
+
+@dataclass(frozen=True)
+class GraphOutline:
+    """What a model file asks ONNX Runtime to run: its main graph's nodes, how many local
+    functions it defines, and the values of its short int64 constants (initializers and
+    Constant nodes of at most _MAX_INT_VALUES elements: the shapes that size tensors)."""
+    nodes: tuple[Node, ...]
+    functions: int
+    int_constants: dict  # tensor name -> tuple of int64 values
+
+
+def _int64_values(tensor) -> tuple[str, tuple[int, ...]] | None:
+    name, dtype, raw, packed, dims = "", None, None, [], []
+    for f, w, v in _fields(tensor):
+        if f == _TENSOR_NAME and w == 2:
+            name = bytes(v).decode("utf-8", "replace")
+        elif f == _TENSOR_DATA_TYPE and w == 0:
+            dtype = v
+        elif f == _TENSOR_DIMS:
+            dims.extend(_ints(w, v))
+        elif f == _TENSOR_RAW_DATA and w == 2:
+            raw = bytes(v)
+        elif f == _TENSOR_INT64_DATA and w in (0, 2):
+            packed.extend(_ints(w, v))
+    n = 1
+    for d in dims:
+        n *= max(d, 0)
+    if dtype != _INT64 or n > _MAX_INT_VALUES:
+        return None
+    if raw is not None:
+        if len(raw) != 8 * n:
+            return None
+        packed = [int.from_bytes(raw[i:i + 8], "little", signed=True)
+                  for i in range(0, len(raw), 8)]
+    return name, tuple(packed)
+
+
+def _node(buf) -> tuple[Node, list]:
+    op = domain = name = ""
+    inputs, outputs, ints, sub, tensors = [], [], {}, False, []
+    for f, w, v in _fields(buf):
+        if w != 2:
+            continue
+        if f == _NODE_OP:
+            op = bytes(v).decode("utf-8", "replace")
+        elif f == _NODE_DOMAIN:
+            domain = bytes(v).decode("utf-8", "replace")
+        elif f == _NODE_NAME:
+            name = bytes(v).decode("utf-8", "replace")
+        elif f == _NODE_INPUT:
+            inputs.append(bytes(v).decode("utf-8", "replace"))
+        elif f == _NODE_OUTPUT:
+            outputs.append(bytes(v).decode("utf-8", "replace"))
+        elif f == _NODE_ATTR:
+            key, values = "", []
+            for af, aw, av in _fields(v):
+                if af == _ATTR_NAME and aw == 2:
+                    key = bytes(av).decode("utf-8", "replace")
+                elif af in (_ATTR_INT, _ATTR_INTS) and aw in (0, 2):
+                    values.extend(_ints(aw, av))
+                elif af in (_ATTR_GRAPH, _ATTR_GRAPHS):
+                    sub = True
+                elif af == 5 and aw == 2:  # AttributeProto.t: a Constant node's value
+                    tensors.append(av)
+            if values:
+                ints[key] = tuple(values)
+    return Node(op, domain, name, tuple(inputs), tuple(outputs), ints, sub), tensors
+
+
+def outline(data: bytes) -> GraphOutline:
+    """The GraphOutline of a model file's bytes. Raises MalformedOnnx."""
+    nodes, functions, consts = [], 0, {}
+    for field, wire, value in _fields(memoryview(data)):
+        if field == _MODEL_FUNCTIONS and wire == 2:
+            functions += 1
+        if field != _MODEL_GRAPH or wire != 2:
+            continue
+        for gfield, gwire, item in _fields(value):
+            if gwire != 2:
+                continue
+            if gfield == 5:  # GraphProto.initializer
+                found = _int64_values(item)
+                if found:
+                    consts[found[0]] = found[1]
+            elif gfield == 1:  # GraphProto.node
+                node, tensors = _node(item)
+                nodes.append(node)
+                for t in tensors if node.op_type == "Constant" and node.outputs else ():
+                    found = _int64_values(t)
+                    if found:
+                        consts[node.outputs[0]] = found[1]
+    return GraphOutline(tuple(nodes), functions, consts)

@@ -28,6 +28,8 @@ from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
 from edgetrain.sessions import run_padded, session_options, trim_heap
 from edgetrain.sidegraphs import SideGraphs
+from edgetrain.watchdog import bound_s, guard
+from edgetrain.watchdog import set_bound as set_watchdog
 
 _OPENED = False  # the env arena is per process: one runtime per process
 
@@ -72,6 +74,7 @@ class DeviceRuntime:
         self.min_checkpoint_bytes = sum(t.nbytes for t in m.trainable + m.frozen)
         refuse_odd_checkpoint(self._files[names.CHECKPOINT], m, "the artifact's checkpoint")
         self.micro_batch = m.plan.micro_batch  # before loading: a budget error names it
+        set_watchdog(bound_s(m.predicted.get("step_flops")))  # edgetrain/watchdog.py
         self._load(self._files[names.CHECKPOINT], self._phase)
         self.optimizer.set_learning_rate(checked_lr(m.optimizer["lr"], "the manifest's lr"))
         self._infer = None  # (path, InferenceSession) of the last exported inference model
@@ -161,12 +164,15 @@ class DeviceRuntime:
                               " bytes); use a smaller --micro-batch", self.split.budget_bytes,
                               None)
         self.micro_batch = int(b)
+        set_watchdog(bound_s(self.manifest.predicted.get("step_flops"),
+                             b / self.manifest.plan.micro_batch))
 
     # ---- training ----------------------------------------------------------------------------
     def _run(self, x: np.ndarray, y: np.ndarray, what: str):
         try:
-            return self.module(np.ascontiguousarray(x, np.float32),
-                               np.ascontiguousarray(y, np.int64))
+            with guard(what):
+                return self.module(np.ascontiguousarray(x, np.float32),
+                                   np.ascontiguousarray(y, np.int64))
         except RuntimeError as e:
             raise self._translate(e, what) from e
 
@@ -205,7 +211,8 @@ class DeviceRuntime:
                 g = self.state.parameters[t.name].grad  # zero-copy view of ORT's buffer
                 g *= np.float32(grad_scale)
         try:
-            self.optimizer.step()
+            with guard("the optimizer step"):
+                self.optimizer.step()
         except RuntimeError as e:
             raise self._translate(e, "the optimizer step") from e
         self.module.lazy_reset_grad()
@@ -224,20 +231,8 @@ class DeviceRuntime:
         return update_masks(self, method, fraction, batches, rng)
 
     def reset_batchnorm(self, batches) -> int:
-        """RESET (seed 003): set every BatchNorm's running statistics to the mean over `batches`
-        (inputs [B, *sample_shape]) of its batch statistics, computed by forward passes only.
-        Returns the number of batches used."""
-        means, count = self.side.batchnorm_means(batches)
-        if count == 0:
-            raise ValueError("BatchNorm RESET needs at least one batch of samples")
-        params = self.state.parameters
-        for name, mean in means.items():
-            target = params[name].data
-            if target.shape != mean.shape:
-                raise ArtifactError(f"the BatchNorm statistics graph gives {name!r} the shape "
-                                    f"{mean.shape}, the checkpoint {target.shape}; re-export")
-            target[...] = mean.astype(target.dtype)
-        return count
+        """RESET (seed 003) of every BatchNorm's running statistics (SideGraphs)."""
+        return self.side.reset_batchnorm(batches)
 
     # ---- evaluation --------------------------------------------------------------------------
     def eval_logits(self, x: np.ndarray) -> np.ndarray:
@@ -268,7 +263,8 @@ class DeviceRuntime:
         """Logits of an exported inference model (open_inference), one sample at a time."""
         sess, name = self.open_inference(model_path), self.manifest.input.name
         try:
-            return one_at_a_time(lambda xb: sess.run(None, {name: xb})[0], x)
+            with guard("the inference model"):
+                return one_at_a_time(lambda xb: sess.run(None, {name: xb})[0], x)
         except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, "the inference model") from e
 

@@ -19,6 +19,15 @@ LOG_LEVEL_ENV = "EDGETRAIN_ORT_LOG_LEVEL"
 # the patch MobileNet at one patch 13.7 -> 11.4 MB, and the step no slower.
 TRAINING_MEMORY_REUSE = False
 
+# ORT's graph optimizers the device runs without. Constant folding evaluates, while the
+# session loads, every node whose inputs are all constants, with the plain heap rather than
+# the capped arena: a hand-made graph computing 0 * ReduceSum(ConstantOfShape([2^28])) grew
+# the process to 3.2 GB under an 8 MiB budget. Off, such a node runs in the step, from the
+# arena, and the cap stops it (a BudgetError). The exporter's graphs fold nothing the step
+# needs (the predictor models the same options: exporters/predictor/ortgraph.py).
+DISABLED_OPTIMIZERS = ("ConstantFolding",)
+DISABLED_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
+
 
 def session_options(ort, threads: int, memory_pattern: bool = True):
     """SessionOptions for every session the runtime opens (training, side graphs, inference).
@@ -31,12 +40,14 @@ def session_options(ort, threads: int, memory_pattern: bool = True):
     pattern, ORT would also Reserve all the session's initializers in one buffer past the
     limit (measured); without, each is an ordinary, capped allocation. ORT's own error lines
     are suppressed: its errors reach the user translated (e.g. a BudgetError naming the
-    bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging."""
+    bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging. Constant folding is off
+    (DISABLED_OPTIMIZERS)."""
     if threads <= 0:
         raise ValueError(f"threads must be a positive number, got {threads}")
     so = ort.SessionOptions()
     so.add_session_config_entry("session.use_env_allocators", "1")
     so.add_session_config_entry("session.disable_prepacking", "1")
+    so.add_session_config_entry(DISABLED_OPTIMIZERS_KEY, ",".join(DISABLED_OPTIMIZERS))
     so.enable_mem_pattern = memory_pattern
     if memory_pattern:  # the training session (see TRAINING_MEMORY_REUSE)
         so.enable_mem_reuse = TRAINING_MEMORY_REUSE

@@ -13,6 +13,7 @@ import numpy as np
 
 from edgetrain import names
 from edgetrain.manifest import ArtifactError, Manifest
+from edgetrain.watchdog import guard
 
 
 class SideGraphs:
@@ -46,7 +47,8 @@ class SideGraphs:
         feeds = {**{i.name: params[i.name].data for i in sess.get_inputs() if i.name in params},
                  **feeds}
         try:
-            outs = sess.run(None, feeds)
+            with guard(what):
+                outs = sess.run(None, feeds)
         except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, what) from e
         return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
@@ -80,3 +82,19 @@ class SideGraphs:
                     sums[name] = sums.get(name, 0) + v.astype(np.float64)
             count += 1
         return {name: s / max(count, 1) for name, s in sums.items()}, count
+
+    def reset_batchnorm(self, batches: Iterable[np.ndarray]) -> int:
+        """RESET (seed 003): set every BatchNorm's running statistics to the mean over `batches`
+        (inputs [B, *sample_shape]) of its batch statistics, computed by forward passes only.
+        Returns the number of batches used."""
+        means, count = self.batchnorm_means(batches)
+        if count == 0:
+            raise ValueError("BatchNorm RESET needs at least one batch of samples")
+        params = self._parameters()
+        for name, mean in means.items():
+            target = params[name].data
+            if target.shape != mean.shape:
+                raise ArtifactError(f"the BatchNorm statistics graph gives {name!r} the shape "
+                                    f"{mean.shape}, the checkpoint {target.shape}; re-export")
+            target[...] = mean.astype(target.dtype)
+        return count

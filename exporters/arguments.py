@@ -4,6 +4,8 @@ API as they are)."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -63,3 +65,16 @@ def check_replaceable(out: Path) -> None:
         raise ValueError(f"{out} holds files an export did not write ({', '.join(others[:5])}"
                          f"{' ...' if len(others) > 5 else ''}); replacing it would delete them. "
                          "Choose another --out folder (nothing was written)")
+
+
+def replace_folder(work: Path, out: Path) -> None:
+    """Put the finished `work` folder at `out`, replacing an older artifact there."""
+    if not out.exists():
+        os.rename(work, out)
+        return
+    if any(out.iterdir()):
+        check_replaceable(out)
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(work, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,6 @@ renamed to `out` only when the manifest is complete; a failure leaves no folder 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,8 +18,9 @@ import torch
 from edgetrain import names
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from exporters.arguments import check_export_arguments, check_replaceable
+from exporters.arguments import check_export_arguments, replace_folder
 from exporters.convbn import fold_conv_batchnorms
+from exporters.cost import step_cost
 from exporters.dryrun import dry_run_artifact, export_within_budget
 from exporters.densebuild import DENSE_BUILDS, rewrite_dense_builds_file
 from exporters.gradkernels import rewrite_training_model
@@ -30,7 +30,8 @@ from exporters.pointwisegrad import rewrite_pointwise_grads_file
 from exporters.norms import freeze_batchnorm_layers
 from exporters.onnxfixes import (fix_eval_batchnorm, fix_eval_graph, fix_recurrent_grads,
                                  native_stderr_captured, optimizer_settings, torch_to_onnx)
-from exporters.operators import check_loads, check_operators, explain_artifact_failure
+from exporters.operators import (check_device_graphs, check_loads, check_operators,
+                                 explain_artifact_failure)
 from exporters.predictor import predict
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
@@ -100,7 +101,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
             lambda target: _export_into(work, model, example_input, **args,
                                         planning_budget_bytes=target),
             lambda: (shutil.rmtree(work), work.mkdir()), recompute_budget_bytes)
-        _replace_folder(work, out)
+        replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -113,19 +114,6 @@ def late_rewrites(train: Path, plan: Plan, nchwc: bool) -> tuple[int, int, int, 
     unpools = rewrite_dense_builds_file(train) if plan.dense_build == "unpool" else 0
     split = rewrite_pointwise_grads_file(train)
     return unpools, split, *(rewrite_nchwc_file(train, plan.micro_batch) if nchwc else (0, 0))
-
-
-def _replace_folder(work: Path, out: Path) -> None:
-    """Put the finished `work` folder at `out`, replacing an older artifact there."""
-    if not out.exists():
-        os.rename(work, out)
-        return
-    if any(out.iterdir()):
-        check_replaceable(out)
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    os.rename(out, old)
-    os.rename(work, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor, *, classes,
@@ -208,8 +196,8 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
                 (out / name).write_bytes((Path(tmp) / name).read_bytes())
     except Exception as e:
         raise explain_artifact_failure(e, fwd, log) from e
-    check_loads(out, FILES, fwd)  # a kernel ORT lacks fails before any work (as rewritten:
-    # the dry run at the end opens the finished artifact)
+    check_loads(out, FILES, fwd)  # a kernel ORT lacks fails before any work (the dry run opens
+    # the finished artifact)
     fix_eval_batchnorm(out / FILES[names.EVAL_MODEL])
     fix_recurrent_grads(out / FILES[names.TRAINING_MODEL])
     specs = {n: TensorSpec(n, tuple(t.shape), str(t.numpy().dtype)) for n, t in saved.items()}
@@ -268,20 +256,22 @@ def _export_into(out: Path, model: torch.nn.Module, example_input: torch.Tensor,
         gradient_rewrites["ConvGrad_masked_pointwise"] = rewrite_masked_pointwise_grads_file(
             out / FILES[names.TRAINING_MODEL], plan.micro_batch)
     stats = SIDE_FILES[names.BATCHNORM_STATS_MODEL]
-    if not int8 and write_batchnorm_stats_model(model, example_input, out / stats, set(trainable + frozen),
-                                   INPUT_NAME):
+    if not int8 and write_batchnorm_stats_model(model, example_input, out / stats,
+                                                set(trainable + frozen), INPUT_NAME):
         files[names.BATCHNORM_STATS_MODEL] = stats
 
     fix_eval_graph(out / FILES[names.EVAL_MODEL], out / FILES[names.TRAINING_MODEL])
     dense_unpools, split, stacked, nchwc_convs = late_rewrites(
         out / FILES[names.TRAINING_MODEL], plan, nchwc)
-    gradient_rewrites.update((k, n) for k, n in (  # recorded where there are some
-        ("ConvGrad_pointwise_split", split), ("ConvGrad_depthwise_weight_stacked", stacked),
-        ("Conv_nchwc", nchwc_convs)) if n)
+    gradient_rewrites.update((k, n) for k, n in (("ConvGrad_pointwise_split", split), (
+        "ConvGrad_depthwise_weight_stacked", stacked), ("Conv_nchwc", nchwc_convs)) if n)
     if nchwc_convs or stacked:  # blocked layouts in the graph: the block is recorded
         plan = dataclasses.replace(plan, nchwc_block=host_block())
-    predicted = predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
-                        plan.threads).to_dict()
+    check_device_graphs(out, files)
+    predicted = {**predict(out, trainable_specs, frozen_specs, plan.micro_batch, FILES,
+                           plan.threads).to_dict(),  # and the step's cost, for the watchdog
+                 "step_flops": step_cost(str(out / FILES[names.TRAINING_MODEL]), plan.micro_batch,
+                                         sum(t.nbytes // 4 for t in trainable_specs)).flops}
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, model=model_name,
         files={role: file_entry(out, name) for role, name in files.items()},

@@ -8,8 +8,12 @@ error (explain_artifact_failure). Either way nothing is written to the artifact 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import onnx
+
+from edgetrain.graphcheck import check_model_file
+from edgetrain.specs import ArtifactError
 
 # ONNX operator -> why it is refused and what to use instead (measured with
 # onnxruntime-training 1.19.2; docs/byom.md has the whole operator table).
@@ -146,3 +150,19 @@ def explain_load_failure(error: Exception, forward: onnx.ModelProto) -> Exceptio
     return UnsupportedOperatorError(
         f"onnxruntime-training cannot load this model's training graph ({first}); "
         "docs/byom.md lists what trains. Nothing was written.")
+
+
+def check_device_graphs(folder: Path, files: dict[str, str]) -> None:
+    """Every graph the export wrote passes the device's own check (edgetrain/graphcheck.py:
+    the operator allowlist, no subgraphs, bounded attributes and constant-made tensors), so
+    an artifact the exporter finishes always loads; else UnsupportedOperatorError."""
+    for role, name in files.items():
+        if not name.endswith(".onnx"):
+            continue
+        try:
+            check_model_file(role, folder / name)
+        except ArtifactError as e:
+            raise UnsupportedOperatorError(
+                f"the exported graph would be refused on the device: "
+                f"{str(e).split('. edgetrain never exports')[0]}. Rewrite the layer with "
+                "operators docs/byom.md lists; nothing was written") from e

@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from device_sim.faults import install_from_env
+from edgetrain import watchdog
 from edgetrain.cli.common import parse_bytes
 from edgetrain.cli.export_cmd import export
 from edgetrain.cli.fleet_cmd import fleet, fleet_report
@@ -33,6 +34,7 @@ __all__ = ["main", "parse_bytes"]
 def main():
     """On-device training for wearables: export, personalise and measure under a RAM budget."""
     install_from_env()  # EDGETRAIN_FAULT: the simulator's fault injection (device_sim/faults)
+    watchdog.enable()  # a device call past its bound ends this process (edgetrain/watchdog.py)
 
 
 for command in (devices, export, personalise, reset_bn, measure, fit, plan, fleet,

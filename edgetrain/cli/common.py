@@ -19,11 +19,14 @@ from edgetrain.atomicfile import WriteError
 from edgetrain.budget import MAX_BUDGET_BYTES, BudgetError
 from edgetrain.manifest import ArtifactError
 from edgetrain.personalise import Interrupted, TrainingDiverged
+from edgetrain import watchdog
+from edgetrain.watchdog import StalledError
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
 EXIT_DISK = 4  # a checkpoint could not be written (disk full, I/O error)
 EXIT_DIVERGED = 5  # training diverged (NaN/Inf loss); the last good resume point is kept
+EXIT_STALLED = watchdog.EXIT_STALLED  # 7: a device call ran past the watchdog's bound
 EXIT_INTERNAL = 1  # a fault of edgetrain itself: a one-line report (EDGETRAIN_DEBUG=1: traceback)
 UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
@@ -114,6 +117,8 @@ def exit_on_device_errors():
         fail(str(e), EXIT_DISK)
     except TrainingDiverged as e:
         fail(str(e), EXIT_DIVERGED)
+    except StalledError as e:  # a measuring child its watchdog stopped (edgetrain/watchdog.py)
+        fail(str(e), EXIT_STALLED)
     except Interrupted as e:  # 128 + the signal, as a shell reports a signalled process
         fail(str(e), 128 + e.signum)
     except (ArtifactError, ValueError) as e:  # DataError and ResumeError are ValueErrors

@@ -5,7 +5,6 @@ import json
 
 import click
 
-from edgetrain.budget import BudgetError
 from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)

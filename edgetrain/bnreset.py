@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetrain import names
+from edgetrain import names, signing
 from edgetrain.feed import Feed
 from edgetrain.shuffle import Shuffle
 from edgetrain.atomicfile import atomic_write_bytes
@@ -48,11 +48,15 @@ class ResetResult:
 def reset_batchnorm(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray],
                     test: tuple[np.ndarray, np.ndarray] | None, out: str | os.PathLike,
                     budget_bytes: int | None, samples: int = DEFAULT_SAMPLES, seed: int = 0,
-                    micro_batch: int | None = None, threads: int | None = None) -> ResetResult:
+                    micro_batch: int | None = None, threads: int | None = None,
+                    trust: str | os.PathLike | None = None) -> ResetResult:
     """RESET the artifact's BatchNorm statistics on `samples` random samples of `train`.
 
     Writes out/checkpoint (the artifact's state with the new statistics), out/inference.onnx
-    and out/result.json. x and y must be checked against the manifest (data.check_xy)."""
+    and out/result.json. x and y must be checked against the manifest (data.check_xy).
+    trust: an Ed25519 public key file; the artifact must carry its signature (signing.py)."""
+    if trust is not None:
+        signing.verify(artifact, trust)
     if samples < 1:
         raise ValueError(f"RESET needs at least 1 sample, got {samples}")
     check_placement(out, artifact)

@@ -6,6 +6,7 @@ out again. (As ORT's `training/api` keeps one object per file: one role per file
 from __future__ import annotations
 
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.sig"  # an Ed25519 signature of the manifest's bytes (signing.py)
 
 # File roles -> the file names the exporter writes. The runtime reads file names from the
 # manifest only; these are what the exporter chooses.

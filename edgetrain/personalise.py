@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetrain import names, trainloop
+from edgetrain import names, signing, trainloop
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.masks import MaskSchedule
 from edgetrain.arenacapture import ArenaCapture
@@ -120,7 +120,8 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
                 budget_bytes: int | None, config: TrainConfig = TrainConfig(),
                 progress=None, threads: int | None = None, resume: bool = False,
                 val: tuple[np.ndarray, np.ndarray] | None = None,
-                test_groups: np.ndarray | None = None) -> PersonaliseResult:
+                test_groups: np.ndarray | None = None,
+                trust: str | os.PathLike | None = None) -> PersonaliseResult:
     """Train `artifact` on `train` = (x, y) in a runtime capped at `budget_bytes`
     (edgetrain/trainloop.py), in the run folder `out`, held for this process
     (edgetrain/runfolder.py): never an artifact folder or inside one; a second run on it is
@@ -130,7 +131,10 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
     checked against the manifest (edgetrain.data.check_xy). Writes out/checkpoint,
     out/inference.onnx and out/result.json; resume: continue from the newest intact resume
     point in `out` (start afresh if it has none yet). test_groups: the recording of each test
-    window, recorded in the result for intervals over recordings (edgetrain/intervals.py)."""
+    window, recorded in the result for intervals over recordings (edgetrain/intervals.py).
+    trust: an Ed25519 public key file; the artifact must carry its signature (signing.py)."""
+    if trust is not None:
+        signing.verify(artifact, trust)
     check_placement(out, artifact)
     with RunLock(out), StopRequests() as stop:
         with ArenaCapture(onnxruntime()) as arena:  # the run's own peak, from ORT's log

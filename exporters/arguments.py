@@ -59,7 +59,7 @@ def check_replaceable(out: Path) -> None:
     except ArtifactError as e:
         raise ValueError(f"{out} exists and is not an edgetrain artifact ({e}); choose another "
                          "--out folder, or empty it yourself (nothing was written)") from None
-    ours = {names.MANIFEST_NAME, *(f.path for f in m.files.values())}
+    ours = {names.MANIFEST_NAME, names.SIGNATURE_NAME, *(f.path for f in m.files.values())}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours)
     if others:
         raise ValueError(f"{out} holds files an export did not write ({', '.join(others[:5])}"

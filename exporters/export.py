@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from edgetrain import names
+from edgetrain import names, signing
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
 from exporters.arguments import check_export_arguments, replace_folder
@@ -61,7 +61,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
                     mask_seed: int = 0, layout: str | None = None,
                     update: str | None = None, int8_frozen: bool = False,
-                    nchwc: bool = True) -> Manifest:
+                    nchwc: bool = True, sign_key: str | Path | None = None) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -84,10 +84,11 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     sample, else unnamed.
     nchwc: run the training graph's 2-D depthwise convolutions in ONNX Runtime's NCHWc
     kernels of this machine's block (exporters/nchwc.py; plan.nchwc_block records the block,
-    0 when none was rewritten).
+    0 when none was rewritten). sign_key: an Ed25519 private key file (edgetrain/signing.py).
     """
     out = Path(out)
     check_export_arguments(example_input, out, classes, lr, layout)
+    key = signing.private_key(sign_key) if sign_key is not None else None  # before any work
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     args = dict(classes=classes, trainable=trainable, plan=plan, lr=lr, model_name=model_name,
@@ -101,6 +102,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
             lambda target: _export_into(work, model, example_input, **args,
                                         planning_budget_bytes=target),
             lambda: (shutil.rmtree(work), work.mkdir()), recompute_budget_bytes)
+        if key is not None:
+            signing.sign(work, key)  # manifest.sig: the manifest's bytes, signed
         replace_folder(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 """The `edgetrain` command line: each command parses, calls one tested function, prints.
 
-  export_cmd.py   export                      host side: imports torch inside the command
+  export_cmd.py   export, keygen              host side: imports torch inside the command
   train_cmd.py    personalise, reset-bn       device side: never loads torch
   measure_cmd.py  devices, measure, fit       the simulator drives the runtime from outside
   plan_cmd.py     plan                        the fastest plan that fits (predicted, confirmed)
@@ -16,7 +16,7 @@ import click
 from device_sim.faults import install_from_env
 from edgetrain import watchdog
 from edgetrain.cli.common import parse_bytes
-from edgetrain.cli.export_cmd import export
+from edgetrain.cli.export_cmd import export, keygen
 from edgetrain.cli.fleet_cmd import fleet, fleet_report
 from edgetrain.cli.measure_cmd import devices, fit, measure
 from edgetrain.cli.plan_cmd import plan
@@ -37,6 +37,6 @@ def main():
     watchdog.enable()  # a device call past its bound ends this process (edgetrain/watchdog.py)
 
 
-for command in (devices, export, personalise, reset_bn, measure, fit, plan, fleet,
+for command in (devices, export, keygen, personalise, reset_bn, measure, fit, plan, fleet,
                 fleet_report):
     main.add_command(command)

@@ -1,15 +1,18 @@
-"""`edgetrain export`: pretrain a population model (cached) and export it (host side)."""
+"""`edgetrain export`: pretrain a population model (cached) and export it (host side);
+`edgetrain keygen`: a key pair to sign artifacts with (edgetrain/signing.py)."""
 from __future__ import annotations
 
 import json
 
 import click
 
+from edgetrain import signing
 from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   mib, resolve_budget)
 from edgetrain.cli.plan_variants import plan_over_variants
 from edgetrain.manifest import DEFAULT_THREADS
+from edgetrain.names import SIGNATURE_NAME
 
 
 def record_measured_peak(out, m):
@@ -108,12 +111,15 @@ def record_measured_peak(out, m):
               show_default=True,
               help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
                    "one buffer) or Expand + ScatterElements (the export before this option).")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None,
+              help="Sign the artifact with this Ed25519 private key (from `edgetrain keygen`); "
+                   "`personalise --trust KEY.pub` then refuses any artifact it did not sign.")
 @json_option
 def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_batch, accumulate,
            threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, nchwc, dense_build, as_json):
+           plan_weight_grads, nchwc, dense_build, sign_key, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -133,6 +139,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
         raise click.UsageError("--recompute budget, --update auto and --plan auto need "
                                "--budget or --device, and those apply only to them")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
+        key = signing.private_key(sign_key) if sign_key else None  # refused before any work
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs, also_held_out=subjects(also_holdout),
                              dataset=dataset)
@@ -163,6 +170,8 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
             m = plan_over_variants(Path(out), m, build, recompute, update, plan_updates,
                                    budget_bytes, as_json, density, plan_densities,
                                    plan_weight_grads)
+        if key is not None:
+            signing.sign(Path(out), key)
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return
@@ -211,6 +220,19 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward")
+    if key is not None:
+        click.echo(f"signed: {Path(out) / SIGNATURE_NAME} (Ed25519, key {sign_key})")
+
+
+@click.command(options_metavar="PREFIX")
+@click.argument("prefix", type=click.Path(dir_okay=False))
+def keygen(prefix):
+    """Make an Ed25519 key pair for signed artifacts: PREFIX.key (private, mode 0600: keep it
+    off the watch) and PREFIX.pub (give it to `personalise --trust`)."""
+    with exit_on_device_errors():
+        private, public = signing.generate_keys(prefix)
+    click.echo(f"private key: {private} (sign with `edgetrain export --sign {private}`)")
+    click.echo(f"public key: {public} (check with `edgetrain personalise --trust {public}`)")
 
 
 def subjects(text: str) -> tuple[int, ...]:

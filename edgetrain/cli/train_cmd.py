@@ -10,6 +10,7 @@ from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (Bytes, Progress, budget_advice, exit_on_device_errors,
                                   fixed_address_layout,
                                   json_option, mib, resolve_budget)
+from edgetrain import signing
 from edgetrain.datasets import DATASETS, PROTOCOL_LABELS, PROTOCOLS
 from edgetrain.intervals import UserTest, gain_interval
 from edgetrain.masks import UPDATERS
@@ -37,6 +38,9 @@ def user_run_options(f):
         click.option("--budget", type=Bytes(), help="RAM budget, e.g. 15MB or 8692224."),
         click.option("--out", required=True, type=click.Path(file_okay=False),
                      help="Run folder."),
+        click.option("--trust", type=click.Path(dir_okay=False), default=None,
+                     help="An Ed25519 public key (`edgetrain keygen`): refuse the artifact "
+                          "unless that key signed it (`export --sign`)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -101,7 +105,7 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
 def personalise(artifact, user, dataset, protocol, data_file, test_file, device, budget, out,
-                epochs, lr,
+                trust, epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
                 mask_end, checkpoint_every, resume, select, val_fraction, val_file, lr_grid,
                 patience, guard_margin, adapt, labels_per_class, as_json):
@@ -114,6 +118,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
     fixed_address_layout()
     with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
+        if trust:  # before any other part of the artifact is read
+            signing.verify(artifact, trust)
         if labels_per_class == 0:  # label-free: adaptation only, nothing to select with
             if adapt == "none":
                 raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
@@ -130,7 +136,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                           labels_per_class=labels_per_class)
         with Progress(not as_json) as progress:
             r = run(artifact, d.train, d.test, out, budget_bytes, cfg, progress=progress,
-                    threads=threads, resume=resume, val=d.val, test_groups=d.test_groups)
+                    threads=threads, resume=resume, val=d.val, test_groups=d.test_groups,
+                    trust=trust)
     if as_json:
         click.echo(json.dumps({"device": device, "protocol": d.protocol, **r.to_dict()},
                               indent=2))
@@ -190,7 +197,7 @@ def parse_lrs(text: str | None) -> tuple[float, ...] | None:
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
 @json_option
 def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, budget, out,
-             samples, micro_batch, seed, threads, as_json):
+             trust, samples, micro_batch, seed, threads, as_json):
     """Re-estimate BatchNorm statistics on a user's samples (RESET, after pruning)."""
     from edgetrain.bnreset import reset_batchnorm
     from edgetrain.userdata import user_data
@@ -198,9 +205,11 @@ def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, bu
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
     fixed_address_layout()
     with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
+        if trust:  # before any other part of the artifact is read
+            signing.verify(artifact, trust)
         train, test = user_data(artifact, user, data_file, test_file, dataset, protocol)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
-                            micro_batch, threads)
+                            micro_batch, threads, trust=trust)
     if as_json:
         click.echo(json.dumps({"device": device, **r.to_dict()}, indent=2))
         return

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 
-from edgetrain.arenalog import MARK, parse_arena_log
+from edgetrain.arenalog import MARK, ArenaLogParser
 
 _KEEP = ("bfc_arena.cc",)  # ORT's arena lines: growth, totals, reservations
 _QUIET = ("[V:onnxruntime", "[I:onnxruntime", "[W:onnxruntime")  # below ERROR
@@ -37,7 +37,7 @@ def passed_on(line: str) -> bool:
 class ArenaCapture:
     def __init__(self, ort):
         self._ort = ort
-        self._lines: list[str] = []
+        self._parser = ArenaLogParser()  # fed line by line: the log is never held whole
         self._log = None
         self._lost = False  # a write to the log failed: no peak is claimed
 
@@ -52,9 +52,9 @@ class ArenaCapture:
     def peak_bytes(self) -> int | None:
         """The training working set's peak (env arena high-water + outside chunks); after
         the capture has ended."""
-        if not self._lines or self._lost:
+        if not self._parser.lines or self._lost:
             return None
-        arena, outside, _ = parse_arena_log("\n".join(self._lines))
+        arena, outside, _ = self._parser.result()
         return arena + outside
 
     def __enter__(self) -> "ArenaCapture":
@@ -81,6 +81,6 @@ class ArenaCapture:
             for raw in log:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 if line.startswith(MARK) or any(k in line for k in _KEEP):
-                    self._lines.append(line)
+                    self._parser.feed(line)
                 elif passed_on(line):
                     sys.stderr.write(line + "\n")  # ORT's errors still show

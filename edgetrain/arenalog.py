@@ -29,47 +29,63 @@ _TOTAL = re.compile(r"Total allocated bytes: (\d+)")
 _RESERVE = re.compile(r"Reserving memory in BFCArena for \w+ size: (\d+)")
 
 
-def parse_arena_log(text: str) -> tuple[int, int, dict]:
-    """Arena log with phase marks -> (env arena bytes, outside bytes, bytes per category)."""
-    phase = "other"
-    per = {c: 0 for c in CATEGORIES}
-    env_total = 0
-    pending_reserve = 0
-    outside = 0
-    rounded = None
-    extended = None
-    for line in text.splitlines():
+class ArenaLogParser:
+    """Reads an arena log a line at a time (a run's log grows with its mask updates: tens of MB
+    kept as lines would sit outside the cap), keeping only the running totals."""
+
+    def __init__(self):
+        self.phase = "other"
+        self.per = {c: 0 for c in CATEGORIES}
+        self.env_total = self.pending_reserve = self.outside = 0
+        self.rounded = self.extended = None
+        self.lines = 0  # arena lines and marks read
+
+    def feed(self, line: str) -> None:
         if line.startswith(MARK):
-            phase = line[len(MARK):].strip()
-            continue
-        if phase == PROBE_PHASE:
-            continue
+            self.phase, self.lines = line[len(MARK):].strip(), self.lines + 1
+            return
+        if self.phase == PROBE_PHASE:
+            return
+        phase, per = self.phase, self.per
         if m := _RESERVE.search(line):
             # Session initializers (constants of the graphs) reserved in the env arena. A
             # reload frees the old Module's reservation first (BFCArena::Free gives reserved
             # bytes back to the total), so its new one replaces it.
+            self.lines += 1
             if phase != "reload":
-                pending_reserve += int(m.group(1))
+                self.pending_reserve += int(m.group(1))
                 per["other"] += int(m.group(1))
         elif m := _EXTENDING.search(line):
-            rounded = int(m.group(1))
+            self.rounded, self.lines = int(m.group(1)), self.lines + 1
         elif m := _EXTENDED.search(line):
-            extended = int(m.group(1))
-        elif (m := _TOTAL.search(line)) and extended is not None:
-            total = int(m.group(1))
+            self.extended, self.lines = int(m.group(1)), self.lines + 1
+        elif (m := _TOTAL.search(line)) and self.extended is not None:
+            total, extended = int(m.group(1)), self.extended
+            self.lines += 1
             # Checkpoint tensors load before any session exists, so nothing in that phase is
             # the env arena; later, only the env arena continues the env arena's total.
-            if phase != "parameters" and total - extended == env_total + pending_reserve:
-                env_total, pending_reserve = total, 0
+            continues = total - extended == self.env_total + self.pending_reserve
+            if phase != "parameters" and continues:
+                self.env_total, self.pending_reserve = total, 0
                 per[_category(phase)] += extended
             elif phase != "reload":  # a private arena (a checkpoint tensor or an API
-                assert rounded is not None, "arena log out of order"  # scalar): one chunk
-                outside += rounded
-                per["parameters" if phase == "parameters" else "other"] += rounded
+                assert self.rounded is not None, "arena log out of order"  # scalar): one chunk
+                self.outside += self.rounded
+                per["parameters" if phase == "parameters" else "other"] += self.rounded
             # (in a reload, the weights' arenas replace those of the weights freed before it)
-            rounded = extended = None
-    env_total += pending_reserve
-    return env_total, outside, per
+            self.rounded = self.extended = None
+
+    def result(self) -> tuple[int, int, dict]:
+        """(env arena bytes, outside bytes, bytes per category)."""
+        return self.env_total + self.pending_reserve, self.outside, dict(self.per)
+
+
+def parse_arena_log(text: str) -> tuple[int, int, dict]:
+    """Arena log with phase marks -> (env arena bytes, outside bytes, bytes per category)."""
+    parser = ArenaLogParser()
+    for line in text.splitlines():
+        parser.feed(line)
+    return parser.result()
 
 
 def _category(phase: str) -> str:

@@ -4,8 +4,8 @@ A native ORT call cannot be interrupted, and the training Module holds Python's 
 runs (measured: a Python thread ticked once in a 48 ms step), so no Python thread or signal
 handler of the process itself can act while a step hangs. The watchdog is therefore a small
 process of its own, started when a device run enables it: each training step, optimizer step,
-side graph and inference call runs inside `guard(what)`, which writes the call's deadline and
-name into a page both processes map. A call still running past its deadline makes the
+side graph and inference call runs inside `guard(what)`, which sends the call's deadline and
+name down a pipe to the watchdog. A call still running past its deadline makes the
 watchdog write one error line (the call, the bound, what to do) to the run's stderr and kill
 the run (SIGKILL: shell status 137, EXIT_STALLED). Resume points are written atomically, so
 the work saved before the stall is kept and `--resume` continues from it; the run folder's
@@ -20,12 +20,9 @@ process asks (`enable`): stopping means ending the process.
 """
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 
@@ -33,9 +30,7 @@ ENV = "EDGETRAIN_WATCHDOG_S"
 EXIT_STALLED = 128 + 9  # the shell's status of a process killed by SIGKILL
 SECONDS_PER_FLOP = 1e-7  # 10 MFLOP/s: 100x slower than a watch core's float throughput
 FLOOR_S, CEILING_S = 60.0, 3600.0
-_LAYOUT = struct.Struct("ddI")  # deadline (time.monotonic, 0: disarmed), bound, name length
-_PAGE = 4096
-_MAX_NAME = _PAGE - _LAYOUT.size
+_MAX_NAME = 400  # bytes of a call's name sent to the watchdog
 
 
 class StalledError(RuntimeError):
@@ -64,49 +59,63 @@ def stall_message(what: str, bound: float) -> str:
 
 
 _WATCH = f"""
-import mmap, os, struct, sys, time
+import os, select, sys, time
 sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
-from edgetrain.watchdog import _LAYOUT, _PAGE, stall_message
-parent, page, err = int(sys.argv[1]), mmap.mmap(int(sys.argv[2]), _PAGE), int(sys.argv[3])
+from edgetrain.watchdog import stall_message
+parent, commands, err = (int(a) for a in sys.argv[1:4])
+deadline, bound, what, buf = None, 0.0, "", b""
 while os.getppid() == parent:
-    deadline, bound, n = _LAYOUT.unpack_from(page, 0)
-    if deadline and time.monotonic() > deadline:
-        what = page[_LAYOUT.size:_LAYOUT.size + n].decode("utf-8", "replace")
+    wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+    if select.select([commands], [], [], wait)[0]:
+        chunk = os.read(commands, 1 << 16)
+        if not chunk:  # the run ended
+            break
+        *lines, buf = (buf + chunk).split(b"\\n")
+        for line in lines:  # "A <deadline> <bound> <name>" arms, "D" disarms
+            if line.startswith(b"A "):
+                d, b, name = line[2:].split(b" ", 2)
+                deadline, bound, what = float(d), float(b), name.decode("utf-8", "replace")
+            else:
+                deadline = None
+    elif deadline is not None and time.monotonic() > deadline:
         os.write(err, stall_message(what, bound).encode())
         os.kill(parent, 9)
         break
-    time.sleep(min(0.25, max(bound / 8, 0.002)))
 """
 
 
 class Watchdog:
-    """The watchdog process and the page it watches; `guard` arms it for one call."""
+    """The watchdog process and the pipe that tells it each call; `guard` arms it for one
+    call (two short writes to a pipe: no file, so a full disk or a file-size limit cannot
+    stop it)."""
 
     def __init__(self, bound: float):
         self.bound_s = float(bound)
-        fd, path = tempfile.mkstemp(prefix="edgetrain-watchdog-")
-        os.unlink(path)
-        os.ftruncate(fd, _PAGE)
-        self._page = mmap.mmap(fd, _PAGE)
+        read, self._write = os.pipe()
         try:  # where the run's own messages go (fd 2 may be capturing ORT's arena log)
             err = sys.stderr.fileno()
         except (AttributeError, ValueError, OSError):
             err = 2
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _WATCH, str(os.getpid()), str(fd), str(err)],
-            pass_fds=(fd, err), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        os.close(fd)
+            [sys.executable, "-c", _WATCH, str(os.getpid()), str(read), str(err)],
+            pass_fds=(read, err), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        os.close(read)
+
+    def _tell(self, line: bytes) -> None:
+        try:
+            os.write(self._write, line)
+        except OSError:  # the watchdog is gone (killed from outside): the run goes on
+            pass
 
     @contextmanager
     def guard(self, what: str):
-        name = what.encode("utf-8")[:_MAX_NAME]
-        self._page[_LAYOUT.size:_LAYOUT.size + len(name)] = name
-        _LAYOUT.pack_into(self._page, 0, time.monotonic() + self.bound_s, self.bound_s,
-                          len(name))
+        name = what.replace("\n", " ").encode("utf-8")[:_MAX_NAME]
+        deadline = time.monotonic() + self.bound_s
+        self._tell(f"A {deadline!r} {self.bound_s!r} ".encode() + name + b"\n")
         try:
             yield
         finally:
-            _LAYOUT.pack_into(self._page, 0, 0.0, self.bound_s, 0)
+            self._tell(b"D\n")
 
 
 _ENABLED = False

@@ -20,9 +20,11 @@ user x device with a record and writes no second one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,8 @@ from device_sim.fleettask import RESULTS, result_path, run_dir, run_task
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import is_synthetic
 from edgetrain import datasets
-from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.atomicfile import atomic_write_bytes, remove_stale_temporaries
+from edgetrain.personalise import Interrupted, StopRequests
 from edgetrain.manifest import load_manifest
 from edgetrain.runfolder import check_placement
 
@@ -44,6 +47,22 @@ MiB = 1 << 20
 PROCESS_BASE_BYTES = 512 * MiB
 SPEC_FILE, MERGED_FILE, PLANS = "fleet-spec.json", "fleet.json", "plans"
 IN_FLIGHT_PER_CPU = 4
+WAIT_S = 0.5  # the driver looks for SIGINT/SIGTERM at least this often
+
+
+class StopOnSignals(StopRequests):
+    """SIGINT and SIGTERM stop the fleet driver cleanly: noted by personalise's handler,
+    acted on between waits (check) by raising Interrupted, which the CLI turns into exit 130
+    / 143. Finished runs keep their records; runs in flight keep their resume points, and the
+    same command continues them."""
+
+    def check(self, in_flight: int) -> None:
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            raise Interrupted(f"the fleet was stopped by {name} with {in_flight} runs in "
+                              "flight: finished runs keep their records and the others their "
+                              "resume points; run the same command again to continue",
+                              self.signum)
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,8 @@ def prepare(spec: FleetSpec, out: Path) -> None:
             raise SpecError(f"{out} holds a fleet run of another spec (fingerprint "
                             f"{old.get('fingerprint')}, this one {doc['fingerprint']}); use "
                             "another --out folder, or the spec it ran. Nothing was changed")
+        for folder in (out, out / PLANS, *(out / RESULTS / d for d in spec.devices)):
+            remove_stale_temporaries(folder)  # what a killed driver left half-written
         return
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(doc, indent=1).encode())
@@ -137,6 +158,7 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     if progress and len(pairs) > len(todo):
         progress(len(pairs) - len(todo))
     started = bool(todo) and not ray.is_initialized()
+    stack = contextlib.ExitStack()
     if started:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
@@ -145,15 +167,18 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
                      log_to_driver=False, logging_level=logging.WARNING)
     try:
         if todo:
+            stop = stack.enter_context(StopOnSignals())
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if spec.threads > cpus:  # a task asking more CPUs than exist waits forever
                 raise SpecError(f"threads is {spec.threads}, but the Ray cluster has {cpus} "
                                 f"CPUs: no run could ever start; set \"threads\" to at most "
                                 f"{cpus} (nothing was started)")
-            failed = _schedule(ray, spec, out, todo, mbs, progress, cpus)
+            failed = _schedule(ray, spec, out, todo, mbs, progress, cpus, stop)
     finally:
+        stack.close()  # the old signal handlers back
         if started:
-            ray.shutdown()
+            ray.shutdown()  # on a stop too: in-flight runs die with their workers, keeping
+            # their resume points
     return FleetRun(str(out), len(todo), len(pairs) - len(todo), failed, merged(out),
                     time.perf_counter() - t0, cpus)
 
@@ -173,7 +198,7 @@ def ray_task(spec: FleetSpec, out: str, user: int, device: str, micro_batch: int
 
 
 def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress,
-              cpus: int) -> list:
+              cpus: int, stop: "StopOnSignals") -> list:
     """Run each (user, device) of `todo` on Ray, at most IN_FLIGHT_PER_CPU tasks per cluster
     CPU submitted at a time (a million users never means a million ObjectRefs, and each wait
     looks at a short list); the ones whose retries ran out."""
@@ -200,7 +225,8 @@ def _schedule(ray, spec: FleetSpec, out: Path, todo: list, mbs: dict, progress,
     while len(refs) < limit and submit_next():
         pass
     while refs:
-        ready, _ = ray.wait(list(refs), num_returns=1)
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=WAIT_S)
+        stop.check(len(refs))
         for ref in ready:
             u, d = refs.pop(ref)
             try:

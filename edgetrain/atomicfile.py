@@ -86,3 +86,32 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[str]:
+    """Delete the temporaries in `folder` (not below it) whose writing process is gone: what a
+    killed process left (temporary_name's `.<name>.tmp-<pid>-<thread>`). A temporary of a live
+    process is left alone, so this needs no lock. Returns the names removed."""
+    gone = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        head, sep, tail = p.name.rpartition(".tmp-")
+        pid = tail.split("-")[0]
+        if (p.name.startswith(".") and sep and pid.isdigit() and p.is_file()
+                and not p.is_symlink() and not _pid_alive(int(pid))):
+            p.unlink(missing_ok=True)
+            gone.append(p.name)
+    return gone

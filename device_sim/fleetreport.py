@@ -175,9 +175,49 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
     return [str(p) for p in paths]
 
 
+MAX_FLEET_JSON_BYTES = 512 << 20  # about 1 KB a record: half a million runs
+_REQUIRED = {"user": int, "kind": str, "device": str, "status": str, "budget_bytes": int}
+_NUMBERS = ("declared_memory_bytes", "ended_at", "gain_points", "measured_peak_bytes",
+            "needed_bytes", "peak_rss_bytes", "pid", "started_at", "step_time_s")
+
+
+def _record_problem(i: int, r) -> str | None:
+    """What is wrong with record i of a fleet.json, for the fields the report reads."""
+    if not isinstance(r, dict):
+        return f"record {i} is {type(r).__name__}, not an object"
+    for key, kind in _REQUIRED.items():
+        if not isinstance(r.get(key), kind) or isinstance(r.get(key), bool):
+            return f"record {i} field {key!r} is {repr(r.get(key))[:40]}, not {kind.__name__}"
+    for key in _NUMBERS:
+        v = r.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"record {i} field {key!r} is {repr(v)[:40]}, not a number"
+    if r.get("guard") is not None and not isinstance(r["guard"], str):
+        return f"record {i} field 'guard' is {repr(r['guard'])[:40]}, not a string"
+    return None
+
+
 def load_records(fleet_dir: str | Path) -> list[dict]:
+    """The merged records of a fleet folder, each checked for what the report reads
+    (ValueError naming the record, the field and the value)."""
     path = Path(fleet_dir) / "fleet.json"
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: {fleet_dir} is not a fleet folder; run "
-                         f"`edgetrain fleet SPEC --out {fleet_dir}` first")
-    return json.loads(path.read_text())
+    if not path.is_file() or path.is_symlink():
+        raise ValueError(f"{path} does not exist or is not a regular file: {fleet_dir} is not a "
+                         f"fleet folder; run `edgetrain fleet SPEC --out {fleet_dir}` first")
+    if path.stat().st_size > MAX_FLEET_JSON_BYTES:
+        raise ValueError(f"{path} is {path.stat().st_size:,} bytes, more than a fleet.json's "
+                         f"{MAX_FLEET_JSON_BYTES:,}; is it the right folder?")
+    try:
+        recs = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({str(e)[:120]}); run `edgetrain fleet` "
+                         "again to merge the records anew") from None
+    if not isinstance(recs, list):
+        raise ValueError(f"{path} holds {type(recs).__name__}, not a list of records; run "
+                         "`edgetrain fleet` again to merge the records anew")
+    for i, r in enumerate(recs):
+        problem = _record_problem(i, r)
+        if problem:
+            raise ValueError(f"{path}: {problem}; run `edgetrain fleet` again to merge the "
+                             "records anew")
+    return recs

@@ -214,6 +214,9 @@ def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {folder} is not an edgetrain artifact; "
                             "create one with `edgetrain export --out DIR`")
+    if path.is_symlink():
+        raise ArtifactError(f"{path} is a symbolic link (to {os.readlink(path)!r}); an artifact "
+                            "holds its own manifest. The artifact is refused; copy the real file")
     size = path.stat().st_size
     if size > MAX_MANIFEST_BYTES:
         raise ArtifactError(f"{path} is {size:,} bytes; a manifest is at most "

@@ -9,6 +9,8 @@ plan's patching: a whole image [C, H, W] is cut into [C, p, p] patches, or is th
 """
 from __future__ import annotations
 
+import math
+
 from edgetrain.specs import ArtifactError
 
 MAX_SAMPLE_ELEMENTS = 1 << 28  # elements of one whole sample (1 GiB of float32)
@@ -76,8 +78,10 @@ def check_dict(d: dict, plan_fields) -> None:
         for key in ("mean", "scale"):
             values = expect(args.get(key), list, f"input.preprocess_args.{key}")
             if len(values) != 6 or any(isinstance(v, bool) or not isinstance(v, (int, float))
-                                       for v in values):
-                _fail(f"input.preprocess_args.{key}", values, "a list of 6 numbers")
+                                       or not math.isfinite(v) for v in values):
+                _fail(f"input.preprocess_args.{key}", values, "a list of 6 finite numbers")
+            if key == "scale" and any(v == 0 for v in values):  # windows divide by it
+                _fail("input.preprocess_args.scale", values, "a list of 6 non-zero numbers")
     classes = expect(d.get("classes"), list, "classes")
     if not classes or not all(isinstance(c, str) for c in classes):
         _fail("classes", classes, "a non-empty list of class names")

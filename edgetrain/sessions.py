@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 LOG_LEVEL_ENV = "EDGETRAIN_ORT_LOG_LEVEL"
+MAX_THREADS = 64  # each thread has a stack outside the cap; 512 was accepted before
 
 
 # ORT's buffer reuse in the training session. Off: each tensor gets its own block of the
@@ -42,8 +43,9 @@ def session_options(ort, threads: int, memory_pattern: bool = True):
     are suppressed: its errors reach the user translated (e.g. a BudgetError naming the
     bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging. Constant folding is off
     (DISABLED_OPTIMIZERS)."""
-    if threads <= 0:
-        raise ValueError(f"threads must be a positive number, got {threads}")
+    if not 0 < threads <= MAX_THREADS:
+        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
+                         f"{MAX_THREADS} (a watch has 2 to 8 cores): give --threads 1 or 2")
     so = ort.SessionOptions()
     so.add_session_config_entry("session.use_env_allocators", "1")
     so.add_session_config_entry("session.disable_prepacking", "1")

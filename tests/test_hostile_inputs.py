@@ -1,0 +1,52 @@
+"""Issue 37, the low cases: files and numbers that were accepted or crashed are refused with
+the field, the value and the fix, exit 2, no traceback."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import cli
+from edgetrain.manifest import load_manifest
+from edgetrain.specs import ArtifactError
+from test_bad_input import art, refused, resume, saved  # noqa: F401
+from test_fleet import imu_artifact  # noqa: F401
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[{\"user\": 1}]", "record 0 field 'kind' is None, not str"),
+    ("{\"records\": []}", "holds dict, not a list of records"),
+    ("[1, 2", "is not valid JSON"),
+    ("[{\"user\": 1, \"kind\": \"real\", \"device\": \"mcu-2mb\", \"status\": \"trained\", "
+     "\"budget_bytes\": 1, \"gain_points\": \"lots\"}]", "field 'gain_points' is 'lots'"),
+    (None, "is not a regular file"),
+])
+def test_a_malformed_fleet_json_is_refused(tmp_path, content, message):
+    path = tmp_path / "fleet.json"
+    if content is None:
+        os.symlink("/dev/zero", path)
+    else:
+        path.write_text(content)
+    p = cli("fleet-report", tmp_path)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_threads_beyond_reason_are_refused(art, saved):  # noqa: F811
+    refused(resume(art, saved, "--threads", "512"), saved, "threads is 512")
+
+
+@pytest.mark.parametrize("key, values, message", [
+    ("scale", [0.0] * 6, "6 non-zero numbers"),
+    ("mean", [float("nan")] * 6, "6 finite numbers"),
+])
+def test_a_preprocessing_that_cannot_standardise_is_refused(imu_artifact, tmp_path, key,  # noqa: F811
+                                                            values, message):
+    dst = tmp_path / "imu"
+    shutil.copytree(imu_artifact, dst)
+    d = json.loads((dst / "manifest.json").read_text())
+    d["input"]["preprocess_args"][key] = values
+    (dst / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(ArtifactError, match=f"input.preprocess_args.{key}.*{message}"):
+        load_manifest(dst)

@@ -88,7 +88,8 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a temporary's writer, an export's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,7 +112,7 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[str]:
         head, sep, tail = p.name.rpartition(".tmp-")
         pid = tail.split("-")[0]
         if (p.name.startswith(".") and sep and pid.isdigit() and p.is_file()
-                and not p.is_symlink() and not _pid_alive(int(pid))):
+                and not p.is_symlink() and not pid_alive(int(pid))):
             p.unlink(missing_ok=True)
             gone.append(p.name)
     return gone

@@ -3,14 +3,17 @@ the value, and what to pass instead (the CLI checks its own options; these reach
 API as they are)."""
 from __future__ import annotations
 
+import glob
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
 from edgetrain import names
+from edgetrain.atomicfile import pid_alive
 from edgetrain.manifest import ArtifactError, load_manifest
 
 LAYOUT_LETTERS = "CHWTF"  # channels, image rows and columns, time, features (docs/byom.md)
@@ -78,3 +81,26 @@ def replace_folder(work: Path, out: Path) -> None:
     os.rename(out, old)
     os.rename(work, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def work_folder(out: Path) -> Path:
+    """A fresh temporary folder beside `out` for an export to fill, named with this process's
+    id (`.<out>.tmp-<pid>-<random>`), after removing those a killed export left there: the
+    same pattern with a process id no longer running (sweep_exports)."""
+    sweep_exports(out)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+
+
+def sweep_exports(out: Path) -> list[str]:
+    """Delete the work folders and replaced artifacts (`.<out>.old-<pid>`) of exports to `out`
+    whose process is gone; a live export's are left alone. Returns the names removed."""
+    gone = []
+    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*"):
+        kind, _, rest = p.name[len(out.name) + 2:].partition("-")
+        pid = rest.split("-")[0]
+        if kind in ("tmp", "old") and pid.isdigit() and p.is_dir() and not p.is_symlink() \
+                and not pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return gone
+

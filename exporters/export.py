@@ -18,7 +18,7 @@ import torch
 from edgetrain import names, signing
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from exporters.arguments import check_export_arguments, replace_folder
+from exporters.arguments import check_export_arguments, replace_folder, work_folder
 from exporters.convbn import fold_conv_batchnorms
 from exporters.cost import step_cost
 from exporters.dryrun import dry_run_artifact, export_within_budget
@@ -90,7 +90,7 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     check_export_arguments(example_input, out, classes, lr, layout)
     key = signing.private_key(sign_key) if sign_key is not None else None  # before any work
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    work = work_folder(out)  # and what a killed export to `out` left is swept
     args = dict(classes=classes, trainable=trainable, plan=plan, lr=lr, model_name=model_name,
                 image_shape=image_shape, preprocess=preprocess, preprocess_args=preprocess_args,
                 provenance=provenance, freeze_batchnorm=freeze_batchnorm, recompute=recompute,

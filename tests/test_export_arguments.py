@@ -74,3 +74,25 @@ def test_an_export_replaces_only_a_folder_it_wrote(tmp_path):
     (art / "thesis.tex").unlink()
     export_artifact(model(), torch.zeros(2, 6, 16), art, **args)  # ours: replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app", "art"]
+
+
+def test_an_export_sweeps_what_a_killed_export_left_and_spares_a_live_ones(tmp_path):
+    """A killed export leaves its work folder (`.<out>.tmp-<pid>-…`) or the artifact it was
+    replacing (`.<out>.old-<pid>`); the next export to the same --out removes those whose
+    process is gone, and never a running export's."""
+    import os
+
+    from exporters.arguments import sweep_exports, work_folder
+
+    out = tmp_path / "art"
+    dead = [tmp_path / ".art.tmp-999999999-x1", tmp_path / ".art.old-999999999"]
+    live = tmp_path / f".art.tmp-{os.getpid()}-y2"
+    other = tmp_path / ".other.tmp-999999999-z3"
+    for d in (*dead, live, other):
+        d.mkdir()
+        (d / "training_model.onnx").write_bytes(b"x")
+    work = work_folder(out)
+    assert work.name.startswith(f".art.tmp-{os.getpid()}-") and work.is_dir()
+    assert not any(d.exists() for d in dead)
+    assert live.exists() and other.exists()
+    assert sweep_exports(out) == []

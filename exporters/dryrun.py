@@ -85,12 +85,14 @@ def dry_run_step(folder: Path, training_model: Path, budget_bytes: int | None = 
     of `training_model` (read only then). With `budget_bytes`, the step runs at
     `micro_batch` capped at the budget, as a device would: a recompute plan chosen by its
     predicted peak is confirmed by the allocator (BudgetOverrunError when it does not fit)."""
-    import edgetrain
+    from edgetrain import names
 
     code = _STEP.format(folder=str(folder), batch=micro_batch if budget_bytes else
                         DRY_RUN_BATCH, budget=budget_bytes,
                         over_budget_exit=OVER_BUDGET_EXIT)
-    home = str(Path(edgetrain.__file__).resolve().parents[1])  # wherever this one came from
+    # wherever this edgetrain came from, by a module's own file: the package's __file__ is None
+    # when a folder named edgetrain/ (a clone) in the working directory shadows it
+    home = str(Path(names.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [home] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     try:

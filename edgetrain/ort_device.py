@@ -26,8 +26,12 @@ def onnxruntime():
         raise RuntimeError("torch is already loaded in this process; the device-side runtime "
                            "must run in a process without torch (use the `edgetrain` CLI)")
     sys.modules["torch"] = None  # type: ignore[assignment]  # guard: `import torch` now fails
+    first = "onnxruntime" not in sys.modules
     import onnxruntime as ort
 
+    if first:  # ORT's own warnings (e.g. 32 "Removing initializer" lines per reset-bn) are
+        # not the user's to read; EDGETRAIN_ORT_LOG_LEVEL=0..2 shows them for debugging
+        ort.set_default_logger_severity(int(os.environ.get("EDGETRAIN_ORT_LOG_LEVEL", "3")))
     return ort
 
 

@@ -204,7 +204,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                                       f"point was written there: rerun with --resume to finish "
                                       f"({out})", stop.signum)
                 if progress:
-                    progress(steps, total)
+                    progress(steps, total, f"lr {lrs[c]:g}, epoch {epoch + 1}/{config.epochs}")
     train_time = time.perf_counter() - t0
     decision = None
     if val_feed is not None:

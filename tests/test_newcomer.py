@@ -20,3 +20,53 @@ def test_the_readmes_python_runs_from_the_folder_above_a_clone(tmp_path):
                        text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "artifacts" / "mine" / "manifest.json").is_file()
+
+
+def under_a_pty(args, timeout: float = 300) -> tuple[int, str, float | None]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal, as in a user's shell; its exit
+    status, everything it printed, and when (s after start) a progress bar first showed."""
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "edgetrain.cli", *map(str, args)], cwd=ROOT,
+                         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(slave)
+    out, first_bar = b"", None
+    while time.monotonic() - t0 < timeout:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if first_bar is None and b"step" in chunk and b"%|" in chunk:
+                first_bar = time.monotonic() - t0
+        elif p.poll() is not None:
+            break
+    os.close(master)
+    return p.wait(timeout=60), out.decode("utf-8", "replace"), first_bar
+
+
+def test_personalise_shows_a_progress_bar_on_a_terminal_and_no_ort_warnings(tiny_artifact,
+                                                                           tmp_path):
+    from conftest import tiny_data
+    import numpy as np
+
+    x, y = tiny_data(400, seed=3)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    code, out, first_bar = under_a_pty(["personalise", tiny_artifact, "--data", tmp_path / "d.npz",
+                                        "--budget", "4MiB", "--epochs", "2", "--out",
+                                        tmp_path / "run"])
+    assert code == 0, out
+    assert first_bar is not None and first_bar < 30, out  # the run itself takes a few s
+    assert "personalise (lr 0.03, epoch 2/2): 100%" in out, out  # its last line, as it ended
+    assert "[W:onnxruntime" not in out
+    code, out, _ = under_a_pty(["reset-bn", tiny_artifact, "--data", tmp_path / "d.npz",
+                                "--budget", "4MiB", "--out", tmp_path / "reset"])
+    assert code == 0 and "[W:onnxruntime" not in out, out

@@ -162,26 +162,39 @@ def mib(n: int | None) -> str:
     return "-" if n is None else f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
 
+def progress_bar(file=None, **kwargs):
+    """A tqdm bar on stderr (or `file`), shown only when it is a terminal. `nrows` is set: on
+    a terminal that reports no size (a pty under `script`, some CI consoles) tqdm's own guess
+    is -1 rows, and it then draws nothing at all."""
+    from tqdm import tqdm
+
+    return tqdm(file=file or sys.stderr, disable=None, nrows=20, mininterval=1.0, **kwargs)
+
+
 class Progress:
-    """A tqdm bar on stderr for long work, or nothing."""
+    """A bar on stderr for a long run (its phase, steps and time left), or nothing."""
 
     def __init__(self, enabled: bool, desc: str = "personalise"):
-        self.enabled, self.desc, self.bar = enabled, desc, None
+        self.enabled, self.desc, self.bar, self._file = enabled, desc, None, None
 
     def __enter__(self):
         if not self.enabled:
             return None
-        from tqdm import tqdm
 
-        def update(done: int, total: int) -> None:
-            if self.bar is None:
-                self.bar = tqdm(total=total, desc=self.desc, unit="step", file=sys.stderr,
-                                disable=None, mininterval=1.0)
-            self.bar.n = done
-            self.bar.refresh()
+        def update(done: int, total: int, phase: str | None = None) -> None:
+            if self.bar is None:  # made at the first step, on a copy of where stderr points
+                # then: the run's allocator-log capture closes its own before the bar's last line
+                self._file = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1,
+                                       encoding="utf-8", errors="replace")
+                self.bar = progress_bar(self._file, total=total, desc=self.desc, unit="step")
+            if phase and self.bar.desc != f"{self.desc} ({phase})":
+                self.bar.set_description(f"{self.desc} ({phase})", refresh=False)
+            self.bar.total = total
+            self.bar.update(done - self.bar.n)
         return update
 
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.close()
+            self._file.close()
         return False

@@ -4,12 +4,11 @@ commands only parse and print."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from edgetrain.cli.common import exit_on_device_errors, fail, json_option
+from edgetrain.cli.common import exit_on_device_errors, fail, json_option, progress_bar
 
 EXIT_INCOMPLETE = 6  # some tasks failed after all their retries: run the same command again
 
@@ -46,8 +45,7 @@ def fleet(spec_file, out, address, workers, plot_dir, as_json):
         total = len(spec.pairs())
         bar = None
         if not as_json:
-            from tqdm import tqdm
-            bar = tqdm(total=total, desc="fleet", unit="run", file=sys.stderr, disable=None)
+            bar = progress_bar(total=total, desc="fleet", unit="run")
         try:
             run = run_fleet(spec, out, address, workers, bar.update if bar else None)
         finally:

@@ -89,10 +89,10 @@ def subject_split(m, artifact: str, user: int, dataset: str | None, protocol: st
                              f"Export with --dataset {dataset}, or drop --dataset")
     seen = m.provenance.get("population_subjects", [])
     if user in seen:
+        free = sorted(set(int(u) for u in datasets.recordings(dataset).subject) - set(seen))
         raise data.DataError(f"user {user} was in this artifact's pretraining population; "
                              f"accuracy on them would be optimistic. Export with "
-                             f"--holdout-user {user}, or pick one of its held-out users "
-                             f"{m.provenance.get('held_out_users', [m.provenance.get('holdout_user')])}")
+                             f"--holdout-user {user}, or pick one of its held-out users {free}")
     return recordings_split(datasets.recordings(dataset), user,
                             datasets.protocol_of(dataset, protocol), m.input.data_shape(),
                             m.num_classes, val_fraction)

@@ -70,3 +70,35 @@ def test_personalise_shows_a_progress_bar_on_a_terminal_and_no_ort_warnings(tiny
     code, out, _ = under_a_pty(["reset-bn", tiny_artifact, "--data", tmp_path / "d.npz",
                                 "--budget", "4MiB", "--out", tmp_path / "reset"])
     assert code == 0 and "[W:onnxruntime" not in out, out
+
+
+MY_IMU_CNN = '''
+import torch
+class MyImuCnn(torch.nn.Sequential):
+    def __init__(self):
+        super().__init__(torch.nn.Conv1d(6, 8, 5, stride=4), torch.nn.BatchNorm1d(8),
+                         torch.nn.ReLU(), torch.nn.AdaptiveAvgPool1d(1), torch.nn.Flatten(),
+                         torch.nn.Linear(8, 7))
+'''
+
+
+def test_byoms_raw_imu_example_takes_user_and_refuses_its_population(tmp_path):
+    """docs/byom.md's own-model example with imu_window: it exports, prints its summary, and
+    the artifact personalises --user 10 and refuses a user it learned from."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "byom.md").read_text(), re.S)
+    code = next(b for b in blocks if 'preprocess="imu_window"' in b)
+    (tmp_path / "mine.py").write_text(MY_IMU_CNN + code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "exported custom to artifacts/mine-imu" in p.stdout and "(a prediction)" in p.stdout
+    art = tmp_path / "artifacts" / "mine-imu"
+    run = [sys.executable, "-m", "edgetrain.cli", "personalise", str(art), "--device",
+           "watchos-extension", "--epochs", "1", "--user"]
+    p = subprocess.run(run + ["10", "--out", str(tmp_path / "u10")], capture_output=True,
+                       text=True, timeout=900, env=env, cwd=ROOT)
+    assert p.returncode == 0 and "held-out accuracy: before" in p.stdout, p.stderr[-2000:]
+    p = subprocess.run(run + ["3", "--out", str(tmp_path / "u3")], capture_output=True,
+                       text=True, timeout=900, env=env, cwd=ROOT)
+    assert p.returncode == 2 and "held-out users [10]" in p.stderr, p.stderr

@@ -176,6 +176,7 @@ class Progress:
 
     def __init__(self, enabled: bool, desc: str = "personalise"):
         self.enabled, self.desc, self.bar, self._file = enabled, desc, None, None
+        self._phase: str | None = None
 
     def __enter__(self):
         if not self.enabled:
@@ -187,7 +188,8 @@ class Progress:
                 self._file = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1,
                                        encoding="utf-8", errors="replace")
                 self.bar = progress_bar(self._file, total=total, desc=self.desc, unit="step")
-            if phase and self.bar.desc != f"{self.desc} ({phase})":
+            if phase and phase != self._phase:  # (a disabled tqdm keeps no description)
+                self._phase = phase
                 self.bar.set_description(f"{self.desc} ({phase})", refresh=False)
             self.bar.total = total
             self.bar.update(done - self.bar.n)

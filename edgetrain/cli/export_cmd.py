@@ -9,7 +9,7 @@ import click
 from edgetrain import signing
 from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
-                                  mib, resolve_budget)
+                                  resolve_budget)
 from edgetrain.cli.plan_variants import plan_over_variants
 from edgetrain.manifest import DEFAULT_THREADS
 from edgetrain.names import SIGNATURE_NAME
@@ -130,6 +130,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
 
     from edgetrain.manifest import Plan
     from exporters.pretrain import PretrainConfig, export_named
+    from exporters.summary import export_summary
 
     onnxruntime.set_default_logger_severity(3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -175,14 +176,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
     if as_json:
         click.echo(json.dumps(m.to_dict(), indent=2))
         return
-    click.echo(f"exported {m.model} to {out}: {len(m.trainable)} trainable tensors "
-               f"({m.trainable_bytes:,} bytes, update plan {m.plan.update!r}), {len(m.frozen)} "
-               f"frozen, {m.num_classes} classes")
-    if m.predicted.get("complete", True):
-        click.echo(f"predicted peak at micro-batch {m.predicted['batch']} with "
-                   f"{m.plan.threads} threads (a prediction): {mib(m.predicted['peak_bytes'])}")
-    else:
-        click.echo(f"predictor: {m.predicted['caveat']}; `edgetrain measure` gives the peak")
+    click.echo(export_summary(m, out))
     if m.plan.frozen_int8:
         f = m.provenance["int8_frozen"]
         click.echo(f"int8: {len(m.plan.frozen_int8)} frozen weights in 8 bits; population "

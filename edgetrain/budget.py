@@ -77,7 +77,13 @@ def fixes(manifest=None, micro_batch: int | None = None) -> str:
         width = config["width"]
         export.append(f"--width below {width:g}" if isinstance(width, (int, float))
                       else "--width below the network's default")
-    if export:
+    if export and manifest is not None and "width" not in config and not config:
+        # exported from Python (no built-in network's pretraining config): its arguments
+        python = {"--update head": 'update="head"', "--recompute sqrt": 'recompute="sqrt"',
+                  "--density 0.5": "density=0.5"}
+        items.append("re-exporting with less to train or keep (export_artifact("
+                     f"{', '.join(python[e] for e in export if e in python)}))")
+    elif export:
         items.append(f"re-exporting with less to train or keep ({', '.join(export)})")
     return ", ".join(items + ["or a device profile with more RAM"])
 

@@ -143,11 +143,26 @@ def personalise(artifact: str | os.PathLike, train: tuple[np.ndarray, np.ndarray
         groups = None if test is None or test_groups is None else \
             [int(g) for g in test_groups]
         result = PersonaliseResult(torch_loaded=sys.modules.get("torch") is not None,
-                                   measured_peak_bytes=arena.peak_bytes(),
+                                   measured_peak_bytes=_peak_so_far(Path(out),
+                                                                    arena.peak_bytes()),
                                    test_recordings=groups, **fields)
         atomic_write_bytes(Path(out) / names.RUN_RESULT,
                            json.dumps(result.to_dict(), indent=2).encode())
         return result
+
+
+def _peak_so_far(out: Path, this_process: int | None) -> int | None:
+    """The run's peak: this process's, or a finished run's recorded one if larger (resuming a
+    finished run trains nothing, and its smaller peak would replace the run's)."""
+    path, before = out / names.RUN_RESULT, None
+    try:
+        if path.is_file() and not path.is_symlink() and path.stat().st_size <= 1 << 20:
+            before = json.loads(path.read_bytes()).get("measured_peak_bytes")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        before = None
+    if not isinstance(before, int) or isinstance(before, bool) or this_process is None:
+        return this_process
+    return max(before, this_process)
 
 
 class StopRequests:

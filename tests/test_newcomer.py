@@ -102,3 +102,68 @@ def test_byoms_raw_imu_example_takes_user_and_refuses_its_population(tmp_path):
     p = subprocess.run(run + ["3", "--out", str(tmp_path / "u3")], capture_output=True,
                        text=True, timeout=900, env=env, cwd=ROOT)
     assert p.returncode == 2 and "held-out users [10]" in p.stderr, p.stderr
+
+
+def test_the_clis_network_names_are_the_exporters():
+    from edgetrain.cli.export_cmd import NETWORK_NAMES
+    from exporters.networks import NETWORKS
+
+    assert sorted(NETWORK_NAMES) == sorted(NETWORKS)
+
+
+def test_help_names_each_positional_once_and_every_option_says_what_it_does():
+    from click.testing import CliRunner
+
+    from edgetrain.cli import main
+
+    for command in ("fleet", "fleet-report", "keygen", "personalise", "measure", "export"):
+        usage = CliRunner().invoke(main, [command, "--help"]).output.splitlines()[0]
+        for positional in ("SPEC", "DIR", "PREFIX", "ARTIFACT"):
+            assert usage.count(positional) <= 1, usage
+    for name, command in main.commands.items():
+        for p in command.params:
+            if isinstance(p, __import__("click").Option) and not p.help and "--help" not in p.opts:
+                raise AssertionError(f"edgetrain {name} {p.opts[0]} has no help")
+
+
+def test_resuming_a_finished_run_keeps_its_measured_peak(tiny_artifact, tmp_path):
+    from conftest import cli, tiny_data
+    import json
+    import numpy as np
+
+    x, y = tiny_data(48, seed=1)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    args = ("personalise", tiny_artifact, "--data", tmp_path / "d.npz", "--budget", "4MiB",
+            "--epochs", "1", "--out", tmp_path / "run")
+    assert cli(*args).returncode == 0
+    first = json.loads((tmp_path / "run" / "result.json").read_text())["measured_peak_bytes"]
+    p = cli(*args, "--resume")
+    assert p.returncode == 0, p.stderr
+    again = json.loads((tmp_path / "run" / "result.json").read_text())["measured_peak_bytes"]
+    assert again == first and first > 0
+
+
+def test_measure_reports_the_steps_it_was_asked_for(tiny_artifact):
+    import json
+
+    from conftest import cli
+
+    p = cli("measure", tiny_artifact, "--batch", "4", "--steps", "3", "--json")
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["step_times_s"]) == 3
+
+
+def test_budget_advice_for_a_python_export_names_export_artifacts_arguments(tiny_artifact):
+    from edgetrain.budget import fixes
+    from edgetrain.manifest import load_manifest
+
+    advice = fixes(load_manifest(tiny_artifact), 4)
+    assert 'export_artifact(update="head", recompute="sqrt", density=0.5)' in advice
+    assert "--update head" not in advice
+
+
+def test_devices_shows_a_budget_below_a_mib_in_kib():
+    from conftest import cli
+
+    p = cli("devices")
+    assert p.returncode == 0 and "192 KiB" in p.stdout and "0.2 MiB" not in p.stdout

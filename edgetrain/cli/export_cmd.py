@@ -12,6 +12,10 @@ from edgetrain.cli.common import (budget_option, device_option, exit_on_device_e
                                   resolve_budget)
 from edgetrain.cli.plan_variants import plan_over_variants
 from edgetrain.manifest import DEFAULT_THREADS
+
+# exporters.networks.NETWORKS' names, spelled here so `--help` needs no torch (a test keeps
+# them equal)
+NETWORK_NAMES = ("imu_cnn", "imu_transformer", "mobilenet_v1", "patch_mobilenet", "resnet50")
 from edgetrain.names import SIGNATURE_NAME
 
 
@@ -31,7 +35,7 @@ def record_measured_peak(out, m):
 
 
 @click.command(options_metavar="--model NAME --out DIR [OPTIONS]")
-@click.option("--model", "model_name", required=True,
+@click.option("--model", "model_name", required=True, type=click.Choice(NETWORK_NAMES),
               help="Built-in network: patch_mobilenet, mobilenet_v1, resnet50 (GASF images), "
                    "imu_cnn, imu_transformer (raw IMU windows).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Artifact folder.")
@@ -47,7 +51,8 @@ def record_measured_peak(out, m):
 @click.option("--also-holdout", type=str, default="", metavar="N,N",
               help="More subjects left out of pretraining, e.g. 8,9 (a fleet's real users and "
                    "the sources of its synthetic ones: docs/fleet.md).")
-@click.option("--micro-batch", type=int, default=8, show_default=True)
+@click.option("--micro-batch", type=int, default=8, show_default=True,
+              help="Samples per forward/backward call on the device (the plan's micro-batch).")
 @click.option("--accumulate", type=int, default=1, show_default=True,
               help="Micro-batches summed per optimizer step.")
 @click.option("--threads", type=click.IntRange(min=1), default=DEFAULT_THREADS, show_default=True,
@@ -218,7 +223,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
         click.echo(f"signed: {Path(out) / SIGNATURE_NAME} (Ed25519, key {sign_key})")
 
 
-@click.command(options_metavar="PREFIX")
+@click.command()
 @click.argument("prefix", type=click.Path(dir_okay=False))
 def keygen(prefix):
     """Make an Ed25519 key pair for signed artifacts: PREFIX.key (private, mode 0600: keep it

@@ -20,7 +20,7 @@ def _report(records: list[dict], plot_dir: Path | None) -> tuple[dict, list[str]
     return rep, (plots(records, plot_dir) if plot_dir and records else [])
 
 
-@click.command(options_metavar="SPEC --out DIR [OPTIONS]")
+@click.command(options_metavar="--out DIR [OPTIONS]")
 @click.argument("spec_file", metavar="SPEC", type=click.Path())
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="The fleet folder: records, run folders, merged table (docs/fleet.md). "
@@ -59,8 +59,10 @@ def fleet(spec_file, out, address, workers, plot_dir, as_json):
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(table(rep))
-        click.echo(f"{run.scheduled} runs on {run.workers} CPUs in {run.wall_s:.1f} s "
-                   f"({run.skipped} already done); records: {Path(out) / 'fleet.json'}"
+        done = (f"{run.scheduled} runs on {run.workers} CPUs in {run.wall_s:.1f} s "
+                f"({run.skipped} already done)" if run.scheduled else
+                f"nothing to run: all {run.skipped} user x device pairs already have records")
+        click.echo(f"{done}; records: {Path(out) / 'fleet.json'}"
                    + (f"; plots: {', '.join(pictures)}" if pictures else ""))
     if run.failed:
         lines = "; ".join(f"user {u} on {d}: {e}" for u, d, e in run.failed[:5])
@@ -68,7 +70,7 @@ def fleet(spec_file, out, address, workers, plot_dir, as_json):
              "are kept: run the same command again to continue them", EXIT_INCOMPLETE)
 
 
-@click.command("fleet-report", options_metavar="DIR [OPTIONS]")
+@click.command("fleet-report", options_metavar="[OPTIONS]")
 @click.argument("fleet_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="Draw gains.png, peaks.png and timeline.png here.")

@@ -19,7 +19,9 @@ def devices(as_json):
         click.echo(json.dumps({n: vars(p) for n, p in PROFILES.items()}, indent=2))
         return
     for p in PROFILES.values():
-        click.echo(f"{p.name:18s} {p.ram_budget_bytes / 2**20:8.1f} MiB  {p.description}")
+        size = (f"{p.ram_budget_bytes / 2**20:8.1f} MiB" if p.ram_budget_bytes >= 2**20
+                else f"{p.ram_budget_bytes / 2**10:8.0f} KiB")
+        click.echo(f"{p.name:18s} {size}  {p.description}")
 
 
 @click.command(options_metavar="--batch N [--device P | --budget BYTES] [OPTIONS]")
@@ -27,7 +29,8 @@ def devices(as_json):
 @click.option("--batch", type=int, required=True, help="Micro-batch (samples per step).")
 @device_option("Run capped at this profile.")
 @budget_option("Run capped at this many bytes.")
-@click.option("--accumulate", type=int, default=1, show_default=True)
+@click.option("--accumulate", type=int, default=1, show_default=True,
+              help="Micro-batches summed per optimizer step in the replayed cycle.")
 @click.option("--steps", type=int, default=3, show_default=True, help="Timed optimizer steps.")
 @click.option("--threads", type=int, default=None,
               help="ORT intra-op threads (default: the artifact's plan).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+import numpy as np
 
 from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (Bytes, Progress, budget_advice, exit_on_device_errors,
@@ -66,7 +67,8 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the artifact's).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
 @click.option("--accumulate", type=int, default=None, help="Default: the artifact's plan.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the data order and anything random (the same seed, the same run).")
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
 @click.option("--mask-update", type=click.Choice(sorted(UPDATERS)), default=None,
               help="Dynamic sparse training (sparse artifacts): regrow at random (set) or "
@@ -152,7 +154,9 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                    f"{r.damaged_resume_points_moved_to}, and the run started again")
     done_here = r.optimizer_steps - (r.resumed_from_step or 0)
     click.echo(f"trained {r.optimizer_steps} optimizer steps of {r.micro_batch} x "
-               f"{r.accumulation_steps} items ({r.train_items} items/epoch)"
+               f"{r.accumulation_steps} items ({r.train_items} items an epoch{per_item(artifact)}"
+               + (f", for each of {len(r.learning_rates)} learning rates)"
+                  if r.learning_rates and len(r.learning_rates) > 1 else ")")
                + (f"; this process trained the last {done_here} in {r.train_time_s:.1f} s"
                   if r.resumed_from_step is not None else f" in {r.train_time_s:.1f} s"))
     if r.measured_peak_bytes is not None:
@@ -175,6 +179,17 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
     click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
 
 
+def per_item(artifact) -> str:
+    """What one training item is, when it is not one window: a patch of an image."""
+    from edgetrain.manifest import load_manifest
+
+    inp = load_manifest(artifact, verify=False).input
+    if inp.sample_shape == inp.image_shape:
+        return ""
+    per = int(np.prod(inp.image_shape)) // int(np.prod(inp.sample_shape))
+    return f"; an item is one {list(inp.sample_shape)} patch, {per} to a window"
+
+
 def parse_lrs(text: str | None) -> tuple[float, ...] | None:
     if text is None:
         return None
@@ -193,7 +208,8 @@ def parse_lrs(text: str | None) -> tuple[float, ...] | None:
 @click.option("--samples", type=int, default=256, show_default=True,
               help="User samples that feed the statistics (forward passes only).")
 @click.option("--micro-batch", type=int, default=None, help="Default: the artifact's plan.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the data order and anything random (the same seed, the same run).")
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads.")
 @json_option
 def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, budget, out,

@@ -56,17 +56,21 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
            "batchnorm_stats_pass": adapt == "bn" or (adapt == "auto" and
                                                      names.BATCHNORM_STATS_MODEL in manifest.files)}
     if plot_dir:
-        from exporters.graphview import write_graph_svg
+        from exporters.graphview import forward_graph, parts_of, write_graph_svg
         from exporters.report import plot_graph, plot_timeline  # matplotlib: only when asked
 
         out = Path(plot_dir)
         out.mkdir(parents=True, exist_ok=True)
         shown = {"eval_model": str(Path(artifact) / manifest.files[names.EVAL_MODEL].path),
                  "threads": r.threads}  # as the prediction beside the measurement uses them
-        doc["plots"] = [str(plot_timeline(train, batch, r.breakdown, r.peak_bytes,
-                                          budget_bytes, out, **shown)),
-                        str(plot_graph(train, batch, out)),
-                        str(write_graph_svg(train, batch, out, **shown))]
+        # one figure in every picture: the measured activations, split into parts
+        parts = parts_of(train, forward_graph(train), batch=batch,
+                         measured_bytes=r.breakdown["activations"], **shown)
+        doc["plots"] = [str(plot_timeline(parts, r.breakdown, r.peak_bytes, budget_bytes,
+                                          out, batch)),
+                        str(plot_graph(parts, out, batch)),
+                        str(write_graph_svg(train, batch, out, parts=parts, **shown))]
+        doc["activation_parts"] = parts.rows()
     return doc
 
 

@@ -2,18 +2,19 @@
 
 One box per block of the network, in execution order. A block is a numbered child module
 that holds modules of its own (`blocks.3`, `stages.0.1`: the repeated units of a network),
-or a top-level module (`stem`, `classifier`); nodes outside any module (the pooling and the loss the
-exporter adds) form "(top level)". Inside a box, each forward node is a square, coloured by
+or a top-level module (`stem`, `classifier`); nodes outside any module (the pooling and the
+loss the exporter adds) form "(top level)". Inside a box, each forward node is a square, coloured by
 the bytes of its output that backward keeps (white: freed after forward). Hovering a square
 shows its operator, output and bytes.
 
-Each box is labelled with its share of the predicted activations (the breakdown's
-category): the memory-pattern buffers live at the step's fullest moment, by the block of the
-node that wrote the tensor each holds at that moment (a forward output backward still
-needs, or a backward temporary such as a gradient being summed). Two rows below the boxes hold the rest: the pattern
-block's space that is never live all at once (ORT places buffers once for the whole step),
-and the run-time allocations outside the pattern. The labels sum to the breakdown's
-activations; the title gives that sum.
+Each box is labelled with its share of the activations, in bytes and percent, with a bar in
+proportion to its bytes: the memory-pattern buffers live at the step's fullest moment, by the
+block of the node that wrote the tensor each holds then (a forward output backward still
+needs, or a backward temporary such as a gradient being summed). Rows below the boxes hold
+the rest (exporters/activationparts.py): the pattern's space never live all at once, the
+run-time allocations outside it, and, beside a measurement, what the allocator measured
+beyond the prediction. The labels sum to the title's figure: `measure`'s activations when
+the view is drawn beside a measurement, else the predicted ones.
 """
 from __future__ import annotations
 
@@ -22,10 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetrain.budget import arena_rounded
+from exporters.activationparts import ActivationParts, activation_parts
 from exporters.graph import load_graph, without_identities
-from exporters.predictor import activation_plans, known_shapes
-from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.shapes import runtime_shapes
 from exporters.recompute import analyse
 
@@ -34,8 +33,12 @@ WIDTH, SQUARE, PER_ROW, BOX_GAP = 1100, 14, 64, 26
 
 
 def module_path(node_name: str) -> tuple[str, ...]:
-    """'/stages/stages.0/Conv' -> ('stages', 'stages.0'); () for nodes outside modules."""
-    return tuple(node_name.strip("/").split("/")[:-1]) if node_name.startswith("/") else ()
+    """'/stages/stages.0/Conv' -> ('stages', 'stages.0'); () for nodes outside modules. A
+    gradient node's scope names its forward node ('/stem/Conv_Grad/ConvGrad_0'): the
+    `_Grad` part is dropped, so a gradient belongs to its forward node's module."""
+    if not node_name.startswith("/"):
+        return ()
+    return tuple(p for p in node_name.strip("/").split("/")[:-1] if not p.endswith("_Grad"))
 
 
 def block_of(node_name: str, containers: set[tuple[str, ...]]) -> str:
@@ -82,27 +85,14 @@ def forward_blocks(forward, batch: int) -> list[dict]:
     return [{"block": k, **v} for k, v in blocks.items()]
 
 
-def activation_shares(training_model: str, forward, eval_model: str, batch: int, threads: int
-                      ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """The predicted activations split into parts that sum to them: per block
-    {"forward": bytes, "backward": bytes} live at the pattern's fullest moment, and
-    {"pattern never live at once": ..., "run-time allocations": ...}. Uses the prediction's
-    own plan (the Shape-node order it claims), so the sum is its breakdown's activations.
-    forward: forward_graph(training_model)."""
-    plan, acts = max(activation_plans(training_model, batch, threads,
-                                      known_shapes(eval_model, batch)), key=lambda pa: pa[1])
-    graph = optimized_graph(training_model)
-    producer = {o: n.name for n in graph.graph.node for o in n.output if o}
+def parts_of(training_model: str, forward, eval_model: str, batch: int, threads: int,
+             measured_bytes: int | None = None) -> ActivationParts:
+    """The step's activations in parts by block (exporters/activationparts.py); forward:
+    forward_graph(training_model)."""
     _, fwd, containers = forward
-    outputs = {o for n in fwd.nodes for o in n.output}
-    shares: dict[str, dict[str, int]] = {}
-    for tensor, size in plan.peak_buffers:
-        name = producer.get(tensor, "").removeprefix("AccumulateGrad_")
-        part = shares.setdefault(block_of(name, containers), {"forward": 0, "backward": 0})
-        part["forward" if tensor in outputs else "backward"] += size
-    rest = {"pattern never live at once": arena_rounded(plan.pattern_bytes) - plan.live_peak_bytes,
-            "run-time allocations": acts - arena_rounded(plan.pattern_bytes)}
-    return shares, rest
+    return activation_parts(training_model, lambda name: block_of(name, containers),
+                            {o for n in fwd.nodes for o in n.output}, eval_model, batch,
+                            threads, measured_bytes)
 
 
 def _colour(saved_bytes: int, most: int) -> str:
@@ -114,52 +104,76 @@ def _colour(saved_bytes: int, most: int) -> str:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+    return f"{n / 2**20:.2f} MiB" if abs(n) >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def _share(nbytes: int, total: int) -> str:
+    return f"{_mib(nbytes)}, {100 * nbytes / max(1, total):.1f}%"
+
+
+def _bar(x: float, y: float, nbytes: int, widest: int) -> str:
+    """A bar in proportion to bytes (all bars of the picture to one scale); red if negative."""
+    w = max(1.0, 500 * abs(nbytes) / widest)
+    return (f'<rect class="bar" x="{x}" y="{y}" width="{w:.1f}" height="8" '
+            f'fill="{"#c44e52" if nbytes >= 0 else "#999999"}"/>')
+
+
+def _square(k: int, op: str, name: str, size: int, keep: bool, y: float, most: int) -> str:
+    cx = 20 + (k % PER_ROW) * (SQUARE + 2)
+    cy = y + 38 + (k // PER_ROW) * (SQUARE + 4)
+    tip = f"{op} -> {name}: {_mib(size)}, {'kept for backward' if keep else 'freed'}"
+    return (f'<rect class="node" x="{cx}" y="{cy}" width="{SQUARE}" height="{SQUARE}" '
+            f'fill="{_colour(size if keep else 0, most)}" stroke="#555" stroke-width="0.5">'
+            f'<title>{escape(tip)}</title></rect>')
 
 
 def write_graph_svg(training_model: str, batch: int, out: Path, *, eval_model: str,
-                    threads: int) -> Path:
+                    threads: int, measured_activations: int | None = None,
+                    parts: ActivationParts | None = None) -> Path:
     """graph.svg in `out` for the training graph at `batch`; eval_model and threads as the
-    prediction uses them (the artifact's eval graph, the runtime's intra-op threads)."""
+    prediction uses them (the artifact's eval graph, the runtime's intra-op threads). With
+    measured_activations (`measure`'s), the parts sum to it (exporters/activationparts.py);
+    parts: those parts, already made."""
     forward = forward_graph(training_model)
     blocks = forward_blocks(forward, batch)
-    shares, rest = activation_shares(training_model, forward, eval_model, batch, threads)
+    parts = parts or parts_of(training_model, forward, eval_model, batch, threads,
+                              measured_activations)
+    shares = parts.blocks
     for name in shares.keys() - {b["block"] for b in blocks}:  # only backward nodes: a box too
         blocks.append({"block": name, "nodes": [], "saved_bytes": 0})
-    total = sum(sum(v.values()) for v in shares.values()) + sum(rest.values())
+    total = parts.total_bytes
     most = max((s for b in blocks for *_, s, keep in b["nodes"] if keep), default=1)
-    parts, y = [], 56
+    widest = max([abs(v) for _, v in parts.rows()] + [1])
+    svg_parts, y = [], 74
     for b in blocks:
         share = shares.get(b["block"], {"forward": 0, "backward": 0})
+        nbytes = sum(share.values())
         rows = max(1, -(-len(b["nodes"]) // PER_ROW))
-        height = 30 + rows * (SQUARE + 4)
-        parts.append(f'<g class="block" data-block="{escape(b["block"])}" '
-                     f'data-saved-bytes="{b["saved_bytes"]}" '
-                     f'data-activation-bytes="{sum(share.values())}">'
-                     f'<rect x="10" y="{y}" width="{WIDTH - 20}" height="{height}" rx="6" '
-                     f'fill="#f6f6f6" stroke="#999"/>'
-                     f'<text x="20" y="{y + 18}" font-size="13">{escape(b["block"])}: '
-                     f'{_mib(sum(share.values()))} of the activations at the peak '
-                     f'({_mib(share["forward"])} forward outputs, {_mib(share["backward"])} '
-                     f'backward temporaries); {len(b["nodes"])} forward '
-                     f'node{"s" if len(b["nodes"]) != 1 else ""}</text>')
-        for k, (op, name, size, keep) in enumerate(b["nodes"]):
-            cx = 20 + (k % PER_ROW) * (SQUARE + 2)
-            cy = y + 26 + (k // PER_ROW) * (SQUARE + 4)
-            tip = f"{op} -> {name}: {_mib(size)}, {'kept for backward' if keep else 'freed'}"
-            parts.append(f'<rect class="node" x="{cx}" y="{cy}" width="{SQUARE}" '
-                         f'height="{SQUARE}" fill="{_colour(size if keep else 0, most)}" '
-                         f'stroke="#555" stroke-width="0.5"><title>{escape(tip)}</title></rect>')
-        parts.append("</g>")
+        height = 42 + rows * (SQUARE + 4)
+        svg_parts.append(
+            f'<g class="block" data-block="{escape(b["block"])}" '
+            f'data-saved-bytes="{b["saved_bytes"]}" data-activation-bytes="{nbytes}">'
+            f'<rect x="10" y="{y}" width="{WIDTH - 20}" height="{height}" rx="6" '
+            f'fill="#f6f6f6" stroke="#999"/>'
+            f'<text x="20" y="{y + 18}" font-size="13">{escape(b["block"])}: '
+            f'{_share(nbytes, total)} of the activations ({_mib(share["forward"])} forward '
+            f'outputs backward needs, {_mib(share["backward"])} backward temporaries); '
+            f'{len(b["nodes"])} forward node{"s" if len(b["nodes"]) != 1 else ""}</text>'
+            + _bar(20, y + 24, nbytes, widest) + "".join(
+                _square(k, op, name, size, keep, y, most)
+                for k, (op, name, size, keep) in enumerate(b["nodes"])) + "</g>")
         y += height + BOX_GAP
-        parts.append(f'<line x1="{WIDTH / 2}" y1="{y - BOX_GAP}" x2="{WIDTH / 2}" y2="{y}" '
-                     'stroke="#666" marker-end="url(#arrow)"/>')
-    parts.pop()  # no arrow after the last block
-    for what, nbytes in rest.items():
-        parts.append(f'<g class="rest" data-what="{escape(what)}" data-activation-bytes='
-                     f'"{nbytes}"><text x="20" y="{y + 4}" font-size="13">{escape(what)}: '
-                     f'{_mib(nbytes)} of the activations</text></g>')
+        svg_parts.append(f'<line x1="{WIDTH / 2}" y1="{y - BOX_GAP}" x2="{WIDTH / 2}" y2="{y}" '
+                         'stroke="#666" marker-end="url(#arrow)"/>')
+    svg_parts.pop()  # no arrow after the last block
+    for what, nbytes in parts.rows()[len(parts.blocks):]:
+        svg_parts.append(f'<g class="rest" data-what="{escape(what)}" data-activation-bytes='
+                         f'"{nbytes}"><text x="20" y="{y + 4}" font-size="13">{escape(what)}: '
+                         f'{_share(nbytes, total)} of the activations</text>'
+                         + _bar(560, y - 6, nbytes, widest) + '</g>')
         y += 22
+    source = ("measured by the allocator, as `edgetrain measure` reports"
+              if parts.measured_bytes is not None else "predicted")
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y + 10}" '
            f'viewBox="0 0 {WIDTH} {y + 10}" data-activation-bytes="{total}" '
            f'data-saved-bytes="{sum(b["saved_bytes"] for b in blocks)}" '
@@ -167,11 +181,12 @@ def write_graph_svg(training_model: str, batch: int, out: Path, *, eval_model: s
            '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" refY="4" '
            'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>'
            f'<text x="10" y="24" font-size="16">Training step at batch {batch}, by block: '
-           f'{_mib(total)} of activations (predicted, {threads} threads); each box says its '
-           'share</text><text x="10" y="44" font-size="11" fill="#555">squares: forward '
-           'nodes, coloured by the bytes of their output kept for backward (white: freed '
-           'after forward); hover a square for its operator and bytes</text>'
-           + "".join(parts) + "</svg>")
+           f'{_mib(total)} of activations ({source}, {threads} threads)</text>'
+           f'<text x="10" y="44" font-size="11" fill="#555">{escape(parts.sentence())}</text>'
+           '<text x="10" y="62" font-size="11" fill="#555">bars: bytes, to one scale; '
+           'squares: forward nodes, coloured by the bytes of their output kept for backward '
+           '(white: freed after forward); hover a square for its operator and bytes</text>'
+           + "".join(svg_parts) + "</svg>")
     path = out / "graph.svg"
     path.write_text(svg)
     return path

@@ -179,3 +179,31 @@ def test_a_capture_passes_on_errors_and_foreign_lines_only():
     assert not passed_on(warn.replace("[W:", "[I:")) and not passed_on("  ")
     assert passed_on(warn.replace("[W:", "[E:"))
     assert passed_on("malloc(): corrupted top size")
+
+
+def test_every_picture_splits_measures_activations_into_parts_that_sum_to_it(tiny_artifact,
+                                                                            tmp_path):
+    """Issue 38: `measure`'s activations, graph.svg's title and the parts of timeline.png and
+    graph.png (each PNG carries its figure and parts as text) are one number, and each
+    picture's parts (blocks, the pattern's space never live at once, the run-time
+    allocations, what the allocator measured beyond the prediction) sum to it."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    doc = measure_json(tiny_artifact, "--plot", tmp_path / "plots")
+    measured = doc["breakdown"]["activations"]
+    assert measured > 0 and sum(v for _, v in doc["activation_parts"]) == measured
+    plots = {Path(p).name: Path(p) for p in doc["plots"]}
+    for name in ("timeline.png", "graph.png"):
+        meta = json.loads(Image.open(plots[name]).text["Description"])
+        assert meta["activations_bytes"] == measured
+        assert sum(v for _, v in meta["parts"]) == measured
+    svg = ET.parse(plots["graph.svg"]).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    labels = [int(g.get("data-activation-bytes")) for g in svg.iter(ns + "g")
+              if g.get("class") in ("block", "rest")]
+    assert int(svg.get("data-activation-bytes")) == sum(labels) == measured
+    assert not [g.get("data-block") for g in svg.iter(ns + "g")
+                if (g.get("data-block") or "").endswith("_Grad")]  # gradients sit in blocks

@@ -29,6 +29,7 @@ from exporters.dst import DstConfig, TorchMasks
 from exporters.export import export_artifact
 from exporters import updatesearch
 from exporters.hostfinetune import Inputs
+from exporters.maskfidelity import masking_fidelity
 from exporters.quantize import fidelity
 from exporters.networks import build_network
 from exporters.popfit import fit_population
@@ -203,6 +204,15 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
         provenance["update_search"] = result.to_dict()
         update = result.chosen
     m = export_one(update, out)
+    if mask_options.get("density", 1.0) < 1 and cfg.dst is None:  # what pruning cost
+        recs = datasets.recordings(cfg.dataset)
+        found = masking_fidelity(model, spec, summary["channel_mean"], summary["channel_scale"],
+                                 data.windows(recs, np.flatnonzero(np.isin(recs.subject,
+                                                                           cfg.held_out))),
+                                 datasets.population_windows(cfg.dataset, cfg.held_out),
+                                 cfg.held_out, mask_options)
+        m = dataclasses.replace(m, provenance={**m.provenance, "masking": found})
+        m.write(Path(out))
     if m.plan.frozen_int8:
         xw, yw = datasets.population_windows(cfg.dataset, cfg.held_out)
         pick = np.random.default_rng(0).choice(len(yw), min(FIDELITY_WINDOWS, len(yw)), False)

@@ -162,7 +162,9 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     if started:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:
+        else:  # its own local cluster, token-authenticated by choice (Ray warned on every
+            # run that it chose so itself)
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
             ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
     try:

@@ -53,13 +53,17 @@ def group_summary(recs: list[dict]) -> dict:
     }
 
 
-def report(recs: list[dict]) -> dict:
-    """The fleet's summary: per device, per kind of user (real, synthetic), and per user."""
-    devices = sorted({r["device"] for r in recs})
+def report(recs: list[dict], spec_devices=()) -> dict:
+    """The fleet's summary: per device, per kind of user (real, synthetic), and per user.
+    spec_devices: every device of the spec, so one no user drew still has its row."""
+    from device_sim.profiles import PROFILES
+
+    devices = sorted({r["device"] for r in recs} | {d for d in spec_devices if d in PROFILES})
     pids = [r["pid"] for r in recs if r.get("pid") is not None]
     spans = [(r["started_at"], r["ended_at"]) for r in recs
              if r.get("started_at") and r.get("ended_at")]
-    per_device = {d: {"budget_bytes": next(r["budget_bytes"] for r in recs if r["device"] == d),
+    per_device = {d: {"budget_bytes": next((r["budget_bytes"] for r in recs if r["device"] == d),
+                                           PROFILES[d].ram_budget_bytes if d in PROFILES else 0),
                       **{kind: group_summary([r for r in recs if r["device"] == d
                                               and r["kind"] == kind])
                          for kind in ("real", "synthetic")}} for d in devices}
@@ -85,6 +89,8 @@ def table(rep: dict) -> str:
             f"{'guard kept':>10}")
     lines = [head, "-" * len(head)]
     for d, s in rep["devices"].items():
+        if not s["real"]["users"] and not s["synthetic"]["users"]:
+            lines.append(f"{d:18} {0:>5}      no user drew this device")
         for kind in ("real", "synthetic"):
             g = s[kind]
             if not g["users"]:

@@ -50,3 +50,13 @@ def test_a_preprocessing_that_cannot_standardise_is_refused(imu_artifact, tmp_pa
     (dst / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(ArtifactError, match=f"input.preprocess_args.{key}.*{message}"):
         load_manifest(dst)
+
+
+def test_a_device_no_user_drew_keeps_its_row():
+    from device_sim.fleetreport import report, table
+
+    rec = {"user": 1000, "kind": "synthetic", "device": "watch-app-low", "status": "trained",
+           "budget_bytes": 64 << 20, "gain_points": 1.0, "measured_peak_bytes": 1 << 20}
+    rep = report([rec], ["watch-app-low", "mcu-2mb"])
+    assert set(rep["devices"]) == {"watch-app-low", "mcu-2mb"}
+    assert "mcu-2mb" in table(rep) and "no user drew this device" in table(rep)

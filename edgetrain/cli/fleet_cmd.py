@@ -13,10 +13,10 @@ from edgetrain.cli.common import exit_on_device_errors, fail, json_option, progr
 EXIT_INCOMPLETE = 6  # some tasks failed after all their retries: run the same command again
 
 
-def _report(records: list[dict], plot_dir: Path | None) -> tuple[dict, list[str]]:
+def _report(records: list[dict], plot_dir: Path | None, devices=()) -> tuple[dict, list[str]]:
     from device_sim.fleetreport import plots, report
 
-    rep = report(records)
+    rep = report(records, devices)
     return rep, (plots(records, plot_dir) if plot_dir and records else [])
 
 
@@ -51,7 +51,8 @@ def fleet(spec_file, out, address, workers, plot_dir, as_json):
         finally:
             if bar is not None:
                 bar.close()
-        rep, pictures = _report(run.records, Path(plot_dir or Path(out) / "plots"))
+        rep, pictures = _report(run.records, Path(plot_dir or Path(out) / "plots"),
+                                spec.devices)
     doc = {"out": run.out, "scheduled": run.scheduled, "skipped": run.skipped,
            "failed": [list(f) for f in run.failed], "wall_s": run.wall_s,
            "cluster_cpus": run.workers, "plots": pictures, "report": rep}

@@ -52,6 +52,21 @@ def _conv_grad_y(node, conv_out: dict, shapes) -> tuple | None:
     return None
 
 
+# recurrent cells: (gates, the multiple of the forward's multiply-adds its node does)
+_RECURRENT = {"GRU": (3, 1), "GRUTraining": (3, 1), "GRUGrad": (3, 2),
+              "LSTM": (4, 1), "LSTMTraining": (4, 1), "LSTMGrad": (4, 2)}
+
+
+def _recurrent_flops(op: str, x_shape, attrs: dict) -> int:
+    """A GRU/LSTM over X [T, B, I]: per step and direction, every gate's input and recurrent
+    matrix products (2 FLOPs a multiply-add); a gradient node does both products' gradients."""
+    gates, times = _RECURRENT[op]
+    t, b, i = (int(d) for d in x_shape[:3])
+    h = int(attrs.get("hidden_size", 0))
+    directions = 2 if attrs.get("direction") in ("bidirectional", b"bidirectional") else 1
+    return times * 2 * directions * t * b * gates * h * (i + h)
+
+
 def step_cost(training_model: str, batch: int, trained_values: int) -> StepCost:
     rows = node_costs(load_graph(training_model), batch)
     rows.append(("AdamW", "AdamWOptimizer", ADAMW_FLOPS_PER_VALUE * trained_values,
@@ -86,6 +101,8 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
                 w = shapes[n.input[1]][0] if n.input[1] in shapes else (0, 0)
                 k = w[1] if attrs.get("transB") else w[0]
             flops = 2 * _numel(shapes[n.output[0]][0]) * k
+        elif n.op_type in _RECURRENT and n.input[0] in shapes:
+            flops = _recurrent_flops(n.op_type, shapes[n.input[0]][0], attrs)
         else:  # elementwise, reductions, normalisation: about one FLOP per value touched
             flops = max((_numel(s) for s, _ in known), default=0)
         rows.append((n.name, n.op_type, int(flops), int(nbytes)))

@@ -50,3 +50,25 @@ def test_a_recompute_plan_counts_its_gradients_and_its_extra_forward(tmp_path):
         flops[plan] = {op: sum(f for _, o, f, _ in rows if o == op) for op in ("Conv", "ConvGrad")}
     assert flops["sqrt"]["ConvGrad"] == flops["none"]["ConvGrad"] > 0
     assert flops["sqrt"]["Conv"] > flops["none"]["Conv"]
+
+
+def test_a_gru_counts_its_gates_matrix_products():
+    """Issue 38: `measure` counted 0 FLOPs for a GRU. Over X [T, B, I] with hidden H, one
+    direction: 2 x T x B x 3H x (I + H)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from exporters.cost import node_costs
+
+    t, b, i, h = 16, 4, 6, 12
+    w = numpy_helper.from_array(np.zeros((1, 3 * h, i), np.float32), "W")
+    r = numpy_helper.from_array(np.zeros((1, 3 * h, h), np.float32), "R")
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["input"], ["X"], perm=[1, 0, 2]),  # [T, B, I]
+         helper.make_node("GRU", ["X", "W", "R"], ["Y"], name="gru", hidden_size=h)], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", t, i])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [w, r])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rows = {name: flops for name, _, flops, _ in node_costs(model, b)}
+    assert rows["gru"] == 2 * t * b * 3 * h * (i + h)

@@ -225,7 +225,10 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                        "the device)")
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
-                   f"{len(m.plan.recomputed)} tensors recomputed in backward")
+                   f"{len(m.plan.recomputed)} tensors recomputed in backward"
+                   + (f" ({m.plan.recompute_note})" if m.plan.recompute_note else
+                      ": the planner recomputes nothing here, the step needs no more saving"
+                      if not m.plan.recomputed else ""))
     if key is not None:
         click.echo(f"signed: {Path(out) / SIGNATURE_NAME} (Ed25519, key {sign_key})")
 

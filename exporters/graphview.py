@@ -18,6 +18,7 @@ the view is drawn beside a measurement, else the predicted ones.
 """
 from __future__ import annotations
 
+import dataclasses
 from html import escape
 from pathlib import Path
 
@@ -90,9 +91,13 @@ def parts_of(training_model: str, forward, eval_model: str, batch: int, threads:
     """The step's activations in parts by block (exporters/activationparts.py); forward:
     forward_graph(training_model)."""
     _, fwd, containers = forward
-    return activation_parts(training_model, lambda name: block_of(name, containers),
-                            {o for n in fwd.nodes for o in n.output}, eval_model, batch,
-                            threads, measured_bytes)
+    parts = activation_parts(training_model, lambda name: block_of(name, containers),
+                             {o for n in fwd.nodes for o in n.output}, eval_model, batch,
+                             threads, measured_bytes)
+    order = list(dict.fromkeys(block_of(n.name, containers) for n in fwd.nodes))
+    rank = {b: k for k, b in enumerate(order)}  # blocks in execution order, as the boxes
+    blocks = dict(sorted(parts.blocks.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+    return dataclasses.replace(parts, blocks=blocks)
 
 
 def _colour(saved_bytes: int, most: int) -> str:

@@ -167,3 +167,24 @@ def test_devices_shows_a_budget_below_a_mib_in_kib():
 
     p = cli("devices")
     assert p.returncode == 0 and "192 KiB" in p.stdout and "0.2 MiB" not in p.stdout
+
+
+def test_rigl_says_before_it_runs_what_its_dense_gradient_graph_adds(tmp_path):
+    import torch
+
+    from conftest import TINY_CLASSES, TINY_SHAPE, cli, tiny_data, tiny_model
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+    import numpy as np
+
+    art = tmp_path / "sparse"
+    m = export_artifact(tiny_model(), torch.zeros(2, *TINY_SHAPE), art, classes=TINY_CLASSES,
+                        plan=Plan(micro_batch=4), density=0.5, freeze_batchnorm=True)
+    dense = sum(int(np.prod(k.shape)) * 4 for k in m.trained_masks)
+    x, y = tiny_data(48, seed=1)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    p = cli("personalise", art, "--data", tmp_path / "d.npz", "--budget", "4MiB", "--epochs",
+            "1", "--mask-update", "rigl", "--out", tmp_path / "run")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.startswith("rigl: every mask update also runs the dense-gradient graph")
+    assert f"dense gradient ({dense:,} bytes)" in p.stderr

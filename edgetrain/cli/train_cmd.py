@@ -131,6 +131,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                        dataset, protocol)
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
+        if mask_update and UPDATERS[mask_update].needs_dense_grad and not as_json:
+            click.echo(dense_gradient_note(artifact, mask_update), err=True)
         cfg = TrainConfig(epochs=epochs, lr=lr, micro_batch=micro_batch,
                           accumulation_steps=accumulate, seed=seed, masks=masks,
                           checkpoint_every=checkpoint_every, lrs=parse_lrs(lr_grid),
@@ -177,6 +179,20 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
         click.echo(f"mask updates ({r.mask_method}): {r.mask_updates}, {r.regrown_weights:,} "
                    "weights regrown in all")
     click.echo(f"checkpoint: {r.checkpoint}  inference model: {r.inference_model}")
+
+
+def dense_gradient_note(artifact, method: str) -> str:
+    """What a mask update that grows by dense gradients adds, said before the run starts."""
+    from edgetrain.manifest import load_manifest
+
+    m = load_manifest(artifact, verify=False)
+    dense = sum(int(np.prod(k.shape)) * 4 for k in m.trained_masks)
+    predicted = m.predicted.get("peak_bytes")
+    return (f"{method}: every mask update also runs the dense-gradient graph inside the budget; "
+            f"it holds every masked layer's dense gradient ({dense:,} bytes) and its own "
+            "activations beside training's state, which the export's predicted peak"
+            + (f" ({predicted:,} bytes)" if isinstance(predicted, int) else "")
+            + " leaves out: the run's measured peak includes it")
 
 
 def per_item(artifact) -> str:

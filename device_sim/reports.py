@@ -75,9 +75,10 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
 
 
 def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
-               adapt: str = "none") -> FitResult:
+               adapt: str = "none", progress=None) -> FitResult:
     """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
-    confirm (device_sim/scenario.py), replaying personalise --adapt `adapt`."""
+    confirm (device_sim/scenario.py), replaying personalise --adapt `adapt`. progress(batch):
+    told as each capped run starts."""
     manifest = load_manifest(artifact)
 
     def predicted_peak(b: int) -> int | None:
@@ -85,6 +86,8 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
         return p.peak_bytes if p.complete else None
 
     def confirmed(b: int):
+        if progress:
+            progress(b)
         try:
             return measure(artifact, b, budget_bytes, steps=steps, adapt=adapt)
         except BudgetError as e:  # the error fit reports says what that batch needs

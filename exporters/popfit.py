@@ -68,7 +68,8 @@ def fit_population(model: torch.nn.Module, cfg, spec, signals: np.ndarray, yw: n
 
     desc = f"pretrain {cfg.model}" + (f" sparse {cfg.dst.density:g}" if masks else "")
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not show_progress,
-               mininterval=1.0 if sys.stderr.isatty() else 60.0, unit="step")
+               mininterval=1.0 if sys.stderr.isatty() else 60.0, unit="step",
+               nrows=20)  # a terminal that reports no size: tqdm guesses -1 rows, draws nothing
     for epoch in range(done_epochs, epochs):
         epoch_rng = rng.bit_generator.state  # the epoch's draws replay from here
         windows = np.repeat(rng.permutation(len(yw)), per)

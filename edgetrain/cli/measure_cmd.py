@@ -8,7 +8,8 @@ import click
 
 from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (budget_advice, budget_option, device_option,
-                                  exit_on_device_errors, json_option, mib, resolve_budget)
+                                  exit_on_device_errors, json_option, mib, progress_bar,
+                                  resolve_budget)
 
 
 @click.command()
@@ -108,7 +109,17 @@ def fit(artifact, device, budget, adapt, as_json):
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors():
-        r = fit_report(artifact, budget_bytes, adapt=adapt)
+        bar = None if as_json else progress_bar(desc="fit", unit=" capped runs")
+
+        def started(batch: int) -> None:
+            bar.set_postfix_str(f"batch {batch}", refresh=False)
+            bar.update(1)
+        try:
+            r = fit_report(artifact, budget_bytes, adapt=adapt,
+                           progress=started if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
     if as_json:
         click.echo(json.dumps({"artifact": str(artifact), "device": device, **r.to_dict()},
                               indent=2))

@@ -121,11 +121,15 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
     trained = [r for r in recs if r["status"] == "trained"]
     fig, axes = plt.subplots(1, len(devices), figsize=(4 * len(devices), 3), squeeze=False)
     for ax, d in zip(axes[0], devices):
-        for kind, colour in (("synthetic", "tab:blue"), ("real", "tab:orange")):
-            g = [r["gain_points"] for r in trained if r["device"] == d and r["kind"] == kind
-                 and r.get("gain_points") is not None]
-            if g:
-                ax.hist(g, bins=20, color=colour, alpha=0.7, label=f"{kind} ({len(g)})")
+        gains = {kind: [r["gain_points"] for r in trained if r["device"] == d
+                        and r["kind"] == kind and r.get("gain_points") is not None]
+                 for kind in ("synthetic", "real")}
+        if gains["synthetic"]:
+            ax.hist(gains["synthetic"], bins=20, color="tab:blue", alpha=0.7,
+                    label=f"synthetic users ({len(gains['synthetic'])})")
+        for k, g in enumerate(gains["real"]):  # each real user a line no bar can hide
+            ax.axvline(g, color="tab:orange", lw=2.2, zorder=3,
+                       label=f"real users ({len(gains['real'])})" if k == 0 else None)
         if not any(r["device"] == d for r in trained):
             n = sum(r["device"] == d for r in recs)
             ax.text(0.5, 0.5, f"no run fits\n({n} users recorded\nas 'does not fit')",
@@ -135,6 +139,7 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
         ax.axvline(0, color="k", lw=0.8)
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("gain in held-out accuracy (points)")
+        ax.set_ylabel("users")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -148,12 +153,23 @@ def plots(recs: list[dict], out_dir: str | Path) -> list[str]:
                  and r.get("measured_peak_bytes") is not None]
         budget = next(r["budget_bytes"] for r in recs if r["device"] == d) / 2**20
         jitter = np.random.default_rng(i).uniform(-0.15, 0.15, len(peaks))
-        ax.scatter(i + jitter, peaks, s=6, alpha=0.5)
-        ax.hlines(budget, i - 0.35, i + 0.35, colors="r", lw=2)
+        ax.scatter(i + jitter, peaks, s=6, alpha=0.5, color="tab:blue",
+                   label="a run's measured peak" if i == 0 else None)
+        ax.hlines(budget, i - 0.35, i + 0.35, colors="r", lw=2,
+                  label="the device's budget" if i == 0 else None)
+        unfit = sum(r["device"] == d and r["status"] == "does not fit" for r in recs)
+        if unfit:  # runs that could not start: marked above the budget, with their count
+            ax.scatter([i], [budget * 1.4], marker="x", color="r", s=40,
+                       label="users that did not fit" if not any(
+                           "did not fit" in h for h in ax.get_legend_handles_labels()[1])
+                       else None)
+            ax.annotate(f"{unfit} did not fit", (i, budget * 1.4), xytext=(6, 0),
+                        textcoords="offset points", fontsize=7, color="r")
     ax.set_xticks(range(len(devices)), devices, fontsize=8, rotation=15)
     ax.set_yscale("log")
-    ax.set_ylabel("MiB (red: the device's budget)")
-    ax.set_title("measured training peak per run, against its device's budget", fontsize=9)
+    ax.set_ylabel("MiB")
+    ax.set_title("Measured training peak per run\nagainst its device's budget", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     paths.append(out_dir / "peaks.png")
     fig.savefig(paths[-1], dpi=110)

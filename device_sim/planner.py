@@ -111,8 +111,9 @@ def predicted_time_s(training_model: str | onnx.ModelProto, m: int, accumulation
 
 def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = None,
          threads: int | None = None, steps: int = 2, confirm: int = CONFIRM,
-         speed: HostSpeed | None = None) -> PlanResult:
-    """The fastest plan that fits `budget_bytes`, confirmed by capped runs."""
+         speed: HostSpeed | None = None, progress=None) -> PlanResult:
+    """The fastest plan that fits `budget_bytes`, confirmed by capped runs; progress(text):
+    told as each capped run starts."""
     m = load_manifest(artifact)
     threads = threads or m.plan.threads
     n = effective_batch or m.plan.micro_batch * m.plan.accumulation_steps
@@ -134,6 +135,8 @@ def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = 
             break
         if c.predicted_peak_bytes is not None and c.predicted_peak_bytes > budget_bytes:
             continue  # predicted not to fit: never run
+        if progress:
+            progress(f"{c.micro_batch} x {c.accumulation_steps}")
         try:
             r = measure(artifact, c.micro_batch, budget_bytes, c.accumulation_steps, steps,
                         threads)  # replaying selection, as personalise runs by default

@@ -7,7 +7,8 @@ import json
 import click
 
 from edgetrain.cli.common import (EXIT_BUDGET, budget_option, device_option,
-                                  exit_on_device_errors, fail, json_option, mib, resolve_budget)
+                                  exit_on_device_errors, fail, json_option, mib, progress_bar,
+                                  resolve_budget)
 
 
 @click.command(options_metavar="(--device P | --budget BYTES) [OPTIONS]")
@@ -44,8 +45,17 @@ def plan(artifact, device, budget, samples, threads, steps, write, recalibrate, 
         m = load_manifest(artifact)
         per = items_per_sample(m)
         speed = host_speed(threads or m.plan.threads, refresh=recalibrate)
-        r = search(artifact, budget_bytes, samples * per if samples else None, threads, steps,
-                   speed=speed)
+        bar = None if as_json else progress_bar(desc="plan", unit=" capped runs")
+
+        def started(what: str) -> None:
+            bar.set_postfix_str(what, refresh=False)
+            bar.update(1)
+        try:
+            r = search(artifact, budget_bytes, samples * per if samples else None, threads,
+                       steps, speed=speed, progress=started if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
         if write and r.chosen is None:
             fail(f"no plan to write: {r.reason}; nothing was written. Try a larger budget, "
                  "fewer --samples, or re-export with less to train or keep (--update head, "

@@ -9,11 +9,13 @@ and the fleet's timeline (each task's start and end by worker process).
 """
 from __future__ import annotations
 
-import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+from edgetrain.jsonfile import read_json
 
 
 def _dist(values: list[float]) -> dict | None:
@@ -223,17 +225,11 @@ def load_records(fleet_dir: str | Path) -> list[dict]:
     """The merged records of a fleet folder, each checked for what the report reads
     (ValueError naming the record, the field and the value)."""
     path = Path(fleet_dir) / "fleet.json"
-    if not path.is_file() or path.is_symlink():
-        raise ValueError(f"{path} does not exist or is not a regular file: {fleet_dir} is not a "
-                         f"fleet folder; run `edgetrain fleet SPEC --out {fleet_dir}` first")
-    if path.stat().st_size > MAX_FLEET_JSON_BYTES:
-        raise ValueError(f"{path} is {path.stat().st_size:,} bytes, more than a fleet.json's "
-                         f"{MAX_FLEET_JSON_BYTES:,}; is it the right folder?")
-    try:
-        recs = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ValueError(f"{path} is not valid JSON ({str(e)[:120]}); run `edgetrain fleet` "
-                         "again to merge the records anew") from None
+    if not os.path.lexists(path):
+        raise ValueError(f"{path} does not exist: {fleet_dir} is not a fleet folder; run "
+                         f"`edgetrain fleet SPEC --out {fleet_dir}` first")
+    recs = read_json(path, MAX_FLEET_JSON_BYTES, "a fleet's records", "Run `edgetrain fleet` "
+                     "again to merge the records anew")
     if not isinstance(recs, list):
         raise ValueError(f"{path} holds {type(recs).__name__}, not a list of records; run "
                          "`edgetrain fleet` again to merge the records anew")

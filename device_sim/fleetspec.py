@@ -32,6 +32,7 @@ import numpy as np
 from device_sim.faults import kill_at
 from device_sim.profiles import PROFILES
 from device_sim.synthusers import SYNTHETIC_BASE
+from edgetrain.jsonfile import read_json
 
 WORKER_DRILL = "worker:"  # a fault that kills the run's Ray worker, not the run's process
 PERSONALISE_KEYS = ("epochs", "lr", "lr_grid", "seed", "checkpoint_every", "patience",
@@ -205,18 +206,11 @@ def check_personalise(pers: dict) -> None:
 def load_spec(path: str | os.PathLike) -> FleetSpec:
     """The spec at `path`: a regular file of at most MAX_SPEC_BYTES of JSON, checked."""
     p = Path(path)
-    if p.exists() and not p.is_file():
-        raise SpecError(f"fleet spec {p} is not a regular file (a device, FIFO or folder); "
-                        "give the path of a .json spec (docs/fleet.md)")
-    if p.is_file() and p.stat().st_size > MAX_SPEC_BYTES:
-        raise SpecError(f"fleet spec {p} is {p.stat().st_size:,} bytes; a spec is at most "
-                        f"{MAX_SPEC_BYTES:,}")
+    if not os.path.lexists(p):
+        raise SpecError(f"fleet spec {p} does not exist; write one (docs/fleet.md)")
     try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"fleet spec {p} does not exist; write one (docs/fleet.md)") from None
-    except (OSError, UnicodeDecodeError) as e:
+        doc = read_json(p, MAX_SPEC_BYTES, "fleet spec", "Give the path of a .json spec "
+                        "(docs/fleet.md)", SpecError)
+    except OSError as e:
         raise SpecError(f"cannot read fleet spec {p}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise SpecError(f"fleet spec {p} is not valid JSON: {e}") from None
     return parse_spec(doc)

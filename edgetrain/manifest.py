@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.graphcheck import check_model_file
+from edgetrain.jsonfile import read_json
 from edgetrain.manifestcheck import check_dict, check_patching
 from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
 from edgetrain.specs import (IMU_CHANNELS, PREPROCESSES, ArtifactError, InputSpec, MaskSpec,
@@ -214,18 +215,8 @@ def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {folder} is not an edgetrain artifact; "
                             "create one with `edgetrain export --out DIR`")
-    if path.is_symlink():
-        raise ArtifactError(f"{path} is a symbolic link (to {os.readlink(path)!r}); an artifact "
-                            "holds its own manifest. The artifact is refused; copy the real file")
-    size = path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:
-        raise ArtifactError(f"{path} is {size:,} bytes; a manifest is at most "
-                            f"{MAX_MANIFEST_BYTES:,}. The artifact is refused; re-export it")
-    try:
-        d = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ArtifactError(f"{path} is not valid JSON ({str(e)[:200]}); re-export the "
-                            "artifact") from e
+    d = read_json(path, MAX_MANIFEST_BYTES, "manifest", "The artifact is refused; re-export "
+                  "it (an artifact holds its own manifest)", ArtifactError)
     m = Manifest.from_dict(d)
     missing = [r for r in REQUIRED_ROLES if r not in m.files]
     if missing:

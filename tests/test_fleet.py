@@ -196,7 +196,7 @@ def test_a_fleet_spec_that_is_no_regular_file_or_too_large_is_not_read(tmp_path)
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
         f.truncate(MAX_SPEC_BYTES + 1)
-    with pytest.raises(SpecError, match="a spec is at most"):
+    with pytest.raises(SpecError, match="more than the 1,048,576 such a file holds"):
         load_spec(big)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgetrain.atomicfile import atomic_write_bytes
-from edgetrain.graphcheck import check_model_file
+from edgetrain.graphcheck import check_model_bytes
 from edgetrain.jsonfile import read_json
 from edgetrain.manifestcheck import check_dict, check_patching
 from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
@@ -247,9 +247,10 @@ def verify_files(folder: Path, m: Manifest) -> None:
         if size != entry.size_bytes:
             raise ArtifactError(f"{role} file {p} is {size} bytes, the manifest says "
                                 f"{entry.size_bytes}: truncated or replaced; copy the artifact again")
-        digest = sha256_file(p)
+        graph = p.read_bytes() if entry.path.endswith(".onnx") else None  # read once: hashed
+        digest = sha256_file(p) if graph is None else hashlib.sha256(graph).hexdigest()
         if digest != entry.sha256:
             raise ArtifactError(f"{role} file {p} has sha256 {digest[:16]}…, the manifest says "
                                 f"{entry.sha256[:16]}…: the file was modified; copy the artifact again")
-        if entry.path.endswith(".onnx"):
-            check_model_file(role, p)  # what the graph will do (edgetrain/graphcheck.py)
+        if graph is not None:  # and then checked for what it will do (edgetrain/graphcheck.py)
+            check_model_bytes(role, p, graph)

@@ -20,14 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
+from edgetrain.graphcheck import check_model_bytes
 from edgetrain.onnxscan import constant_bytes, initializer_data
 
 
 def check_stored_weights(model_path: Path, params, names: list[str], max_bytes: int) -> None:
-    """Raise ValueError unless the file stores each of `names` with the checkpoint's bytes,
+    """Raise ValueError unless the file passes the operator check (edgetrain/graphcheck.py)
+    and stores each of `names` with the checkpoint's bytes,
     and no more than `max_bytes` of weights and constants in all (what this artifact's
     inference model holds: a bigger file is not the one this run exported)."""
     data = Path(model_path).read_bytes()
+    check_model_bytes("inference model", Path(model_path), data)  # what it will do, first
     if constant_bytes(data) > max_bytes:
         raise ValueError(f"the inference model {model_path} holds {constant_bytes(data)} bytes "
                          f"of weights and constants, more than the {max_bytes} bytes this "

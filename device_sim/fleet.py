@@ -39,6 +39,7 @@ from edgetrain.atomicfile import atomic_write_bytes, remove_stale_temporaries
 from edgetrain.personalise import Interrupted, StopRequests
 from edgetrain.manifest import load_manifest
 from edgetrain.runfolder import check_placement
+from edgetrain.targets import check_runs_on
 
 MiB = 1 << 20
 # A run process's own resident memory before the runtime allocates (Python, numpy, ONNX
@@ -150,6 +151,10 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     out = Path(out)
     check_placement(out, spec.artifact)  # never write runs into the artifact's folder
     check_users(spec)
+    m = load_manifest(spec.artifact, verify=False)
+    for device in sorted(spec.devices):  # a host export cannot run on a watch's ORT
+        check_runs_on(spec.artifact, {r: e.path for r, e in m.files.items()},
+                      PROFILES[device].target, f"device {device}")
     prepare(spec, out)
     mbs = micro_batches(spec, out)
     pairs = spec.pairs()

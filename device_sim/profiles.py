@@ -23,6 +23,12 @@ class DeviceProfile:
     compute_flops_per_s: float
     memory_bandwidth_bytes_per_s: float
 
+    @property
+    def target(self) -> str:
+        """What its ONNX Runtime can run (edgetrain/targets.py): the microcontroller tiers a
+        portable build of the CPU kernels, the watches arm64; neither has NCHWc kernels."""
+        return "portable" if self.name.startswith("mcu-") else "arm64"
+
 
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
     DeviceProfile(

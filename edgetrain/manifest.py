@@ -64,6 +64,9 @@ class Plan:
     # how masked weights are rebuilt dense on each call (exporters/densebuild.py): "unpool",
     # one MaxUnpool; "scatter", Expand + ScatterElements (manifests written before: scatter)
     dense_build: str = "unpool"
+    # what runs it (edgetrain/targets.py): "portable" (any ORT 1.19.2 CPU build), "arm64",
+    # "host" (this machine's kernels too); manifests written before: "host"
+    target: str = "host"
 
     def __post_init__(self):
         for field in ("micro_batch", "accumulation_steps", "threads"):

@@ -105,6 +105,8 @@ def check_dict(d: dict, plan_fields) -> None:
     for key in ("micro_batch", "accumulation_steps"):
         if key in plan and plan[key] < 1:
             _fail(f"plan.{key}", plan[key], "a whole number of at least 1")
+    if plan.get("target", "host") not in ("portable", "arm64", "host"):  # edgetrain/targets.py
+        _fail("plan.target", plan["target"], "portable, arm64 or host")
     if plan.get("patch_size", 0) < 0:
         _fail("plan.patch_size", plan["patch_size"], "0 (no patches) or a patch size")
     for key in ("optimizer", "predicted", "provenance"):

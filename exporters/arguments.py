@@ -14,6 +14,7 @@ import torch
 
 from edgetrain import names
 from edgetrain.atomicfile import pid_alive
+from edgetrain.targets import DEFAULT_TARGET, get_target
 from edgetrain.manifest import ArtifactError, load_manifest
 
 LAYOUT_LETTERS = "CHWTF"  # channels, image rows and columns, time, features (docs/byom.md)
@@ -103,4 +104,17 @@ def sweep_exports(out: Path) -> list[str]:
             shutil.rmtree(p, ignore_errors=True)
             gone.append(p.name)
     return gone
+
+
+def resolve_target(target: str | None, nchwc: bool | None) -> tuple[str, bool]:
+    """(the target, whether the training graph uses this machine's NCHWc kernels): portable
+    unless asked (edgetrain/targets.py); NCHWc kernels only for the host target, where they
+    are the default; nchwc=True alone asks for the host target."""
+    if nchwc and target not in (None, "host"):
+        raise ValueError(f"NCHWc kernels are this machine's (x86 MLAS); target {target!r} has "
+                         "none. Drop nchwc (--nchwc), or export with target 'host' (--target "
+                         "host) for this machine only")
+    target = target or ("host" if nchwc else DEFAULT_TARGET)
+    get_target(target)
+    return target, target == "host" if nchwc is None else bool(nchwc)
 

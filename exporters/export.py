@@ -18,7 +18,8 @@ import torch
 from edgetrain import names, signing
 from edgetrain.manifest import SCHEMA_VERSION, InputSpec, Manifest, Plan, TensorSpec, file_entry
 from edgetrain.names import FILES, INPUT_NAME, LABEL_NAME, LOGITS_NAME, SIDE_FILES
-from exporters.arguments import check_export_arguments, replace_folder, work_folder
+from exporters.arguments import (check_export_arguments, replace_folder, resolve_target,
+                                 work_folder)
 from exporters.convbn import fold_conv_batchnorms
 from exporters.cost import step_cost
 from exporters.dryrun import dry_run_artifact, export_within_budget
@@ -61,7 +62,8 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
                     mask_allocation: str = "erk", mask_init: str = "magnitude",
                     mask_seed: int = 0, layout: str | None = None,
                     update: str | None = None, int8_frozen: bool = False,
-                    nchwc: bool = True, sign_key: str | Path | None = None) -> Manifest:
+                    nchwc: bool | None = None, sign_key: str | Path | None = None,
+                    target: str | None = None) -> Manifest:
     """Export `model` to an artifact folder `out` and return its manifest.
 
     example_input: one batch [B, *sample_shape]; the batch axis is exported as dynamic.
@@ -82,13 +84,18 @@ def export_artifact(model: torch.nn.Module, example_input: torch.Tensor, out: st
     artifact then holds only the kept values and their positions (manifest `masks`).
     layout: the sample's axes, one letter each ("CHW", "CT", "TF"); default "CHW" for a 3-D
     sample, else unnamed.
+    target: what runs it (edgetrain/targets.py): "portable" by default (any ORT 1.19.2 CPU
+    build: a watch), "arm64", or "host" (this machine's kernels too); plan.target records it.
     nchwc: run the training graph's 2-D depthwise convolutions in ONNX Runtime's NCHWc
-    kernels of this machine's block (exporters/nchwc.py; plan.nchwc_block records the block,
+    kernels of this machine's block, the host target's default and its alone
+    (exporters/nchwc.py; plan.nchwc_block records the block,
     0 when none was rewritten). sign_key: an Ed25519 private key file (edgetrain/signing.py).
     """
     out = Path(out)
     check_export_arguments(example_input, out, classes, lr, layout)
     key = signing.private_key(sign_key) if sign_key is not None else None  # before any work
+    target, nchwc = resolve_target(target, nchwc)
+    plan = dataclasses.replace(plan, target=target)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out)  # and what a killed export to `out` left is swept
     args = dict(classes=classes, trainable=trainable, plan=plan, lr=lr, model_name=model_name,

@@ -151,7 +151,8 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
                  cache_dir: Path | None = Path(".cache/pretrain"), show_progress: bool = True,
                  recompute: str = "none", recompute_budget_bytes: int | None = None,
                  update: str | None = None, update_budget_bytes: int | None = None,
-                 int8_frozen: bool = False, nchwc: bool = True, **mask_options) -> Manifest:
+                 int8_frozen: bool = False, nchwc: bool | None = None, target: str | None = None,
+                 **mask_options) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact.
 
     update: the update plan (exporters/updateplans.py); None trains every parameter; "auto"
@@ -159,7 +160,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
     (exporters/updatesearch.py; the search goes into the manifest's provenance).
     int8_frozen: frozen weights in 8 bits; their effect on the population model's accuracy
     (FIDELITY_WINDOWS population windows) goes into the provenance.
-    nchwc: depthwise convolutions in ORT's NCHWc kernels (exporters.export.export_artifact).
+    nchwc, target: NCHWc kernels, and what runs the artifact (exporters.export.export_artifact).
     mask_options: density, mask_allocation, mask_init (exporters.export.export_artifact);
     by default those of cfg.dst, whose kept weights are the only nonzero ones."""
     model, summary = pretrain(cfg, cache_dir, show_progress)
@@ -184,7 +185,7 @@ def export_named(cfg: PretrainConfig, out: str | Path, plan: Plan, lr: float = 3
             classes=datasets.recordings(cfg.dataset).classes, plan=plan, lr=lr, model_name=cfg.model,
             preprocess_args=stats, provenance=provenance, recompute=recompute,
             recompute_budget_bytes=recompute_budget_bytes, update=chosen,
-            int8_frozen=int8_frozen, nchwc=nchwc, **shape, **mask_options)
+            int8_frozen=int8_frozen, nchwc=nchwc, target=target, **shape, **mask_options)
 
     if update == "auto":
         if update_budget_bytes is None:

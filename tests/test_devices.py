@@ -70,8 +70,9 @@ class FakeManifest:  # what fixes() reads of a manifest
 
 
 def test_fixes_name_only_what_applies():
-    custom = fixes(FakeManifest(), 8)
-    assert "--micro-batch" in custom and "--update head" in custom and "--width" not in custom
+    custom = fixes(FakeManifest(), 8)  # exported from Python: export_artifact's arguments
+    assert "--micro-batch" in custom and 'export_artifact(update="head"' in custom
+    assert "--update head" not in custom and "--width" not in custom
     assert "--micro-batch" not in fixes(FakeManifest(), 1)
     done = fixes(FakeManifest(Plan(update="head", recompute="sqrt"), masks=("m",)), 1)
     assert done == "or a device profile with more RAM"

@@ -132,7 +132,8 @@ def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):
                           nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 3))
     m = export_artifact(model, torch.zeros(2, 3, 64, 64), tmp_path / "art",
-                        classes=["a", "b", "c"], model_name="dw", plan=Plan(micro_batch=4))
+                        classes=["a", "b", "c"], model_name="dw", plan=Plan(micro_batch=4),
+                        target="host")  # this machine's kernels where it has them
     from exporters.nchwc import host_block
     # the depthwise layer's forward Conv and its input-gradient Conv go into NCHWc kernels
     # where this CPU has them (tests/test_nchwc.py), and so does its weight gradient

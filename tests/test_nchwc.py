@@ -142,7 +142,7 @@ def test_runtime_refuses_another_block(tmp_path):
     torch.manual_seed(0)
     out = tmp_path / "a"
     export_artifact(_DepthwiseNet(), torch.zeros(2, 3, 12, 12), out, classes=list("abcd"),
-                    plan=Plan(micro_batch=2))
+                    plan=Plan(micro_batch=2), target="host")
     m = load_manifest(out)
     other = 8 if m.plan.nchwc_block == 16 else 16
     d = json.loads((out / "manifest.json").read_text())

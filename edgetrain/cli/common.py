@@ -200,3 +200,17 @@ class Progress:
             self.bar.close()
             self._file.close()
         return False
+
+
+def check_target(artifact, device: str | None) -> None:
+    """With --device P, refuse (exit 2) an artifact whose graphs use kernels P's ONNX Runtime
+    lacks: a host export's NCHWc convolutions on a watch (edgetrain/targets.py)."""
+    if device is None:
+        return
+    from edgetrain.manifest import load_manifest
+    from edgetrain.targets import check_runs_on
+
+    m = load_manifest(artifact, verify=False)  # the run verifies every byte when it opens
+    check_runs_on(artifact, {r: e.path for r, e in m.files.items()},
+                  get_profile(device).target, f"device {device}")
+

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from device_sim.profiles import PROFILES
 from edgetrain import signing
 from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
@@ -17,6 +18,7 @@ from edgetrain.manifest import DEFAULT_THREADS
 # them equal)
 NETWORK_NAMES = ("imu_cnn", "imu_transformer", "mobilenet_v1", "patch_mobilenet", "resnet50")
 from edgetrain.names import SIGNATURE_NAME
+from edgetrain.targets import TARGETS
 
 
 def record_measured_peak(out, m):
@@ -108,10 +110,13 @@ def record_measured_peak(out, m):
               type=click.Choice(["kept"]),
               help="With --plan auto on a sparse artifact: also try each variant with kept-"
                    "weights gradients (see --weight-grad).")
-@click.option("--nchwc/--no-nchwc", default=True, show_default=True,
-              help="Run 2-D depthwise convolutions in ONNX Runtime's NCHWc kernels (faster; "
-                   "the artifact then needs a device whose ORT uses this machine's NCHWc "
-                   "block, which the runtime checks).")
+@click.option("--target", type=click.Choice(sorted(TARGETS)), default=None,
+              help="What runs the artifact: portable (any ONNX Runtime CPU build: a watch; the "
+                   "default), arm64, or host (this machine's kernels too, for simulator "
+                   "throughput). Default: the --device profile's target, else portable.")
+@click.option("--nchwc/--no-nchwc", default=None,
+              help="Run 2-D depthwise convolutions in this machine's NCHWc kernels (faster "
+                   "here; host target only, where it is the default).")
 @click.option("--dense-build", type=click.Choice(["unpool", "scatter"]), default="unpool",
               show_default=True,
               help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
@@ -124,7 +129,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
            threads,
            epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, nchwc, dense_build, sign_key, as_json):
+           plan_weight_grads, target, nchwc, dense_build, sign_key, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -163,6 +168,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                              if recompute_plan == "budget" else None,
                              update=update_plan, update_budget_bytes=budget_bytes,
                              int8_frozen=int8_frozen, density=kept, nchwc=nchwc,
+                             target=target or (PROFILES[device].target if device else None),
                              mask_allocation=mask_allocation, mask_init=mask_init)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)

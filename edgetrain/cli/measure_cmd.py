@@ -7,7 +7,7 @@ import json
 import click
 
 from device_sim.profiles import PROFILES
-from edgetrain.cli.common import (budget_advice, budget_option, device_option,
+from edgetrain.cli.common import (budget_advice, budget_option, check_target, device_option,
                                   exit_on_device_errors, json_option, mib, progress_bar,
                                   resolve_budget)
 
@@ -17,12 +17,13 @@ from edgetrain.cli.common import (budget_advice, budget_option, device_option,
 def devices(as_json):
     """List the device profiles and their RAM budgets for training."""
     if as_json:
-        click.echo(json.dumps({n: vars(p) for n, p in PROFILES.items()}, indent=2))
+        click.echo(json.dumps({n: {**vars(p), "target": p.target} for n, p in PROFILES.items()},
+                              indent=2))
         return
     for p in PROFILES.values():
         size = (f"{p.ram_budget_bytes / 2**20:8.1f} MiB" if p.ram_budget_bytes >= 2**20
                 else f"{p.ram_budget_bytes / 2**10:8.0f} KiB")
-        click.echo(f"{p.name:18s} {size}  {p.description}")
+        click.echo(f"{p.name:18s} {size}  {p.target:8s}  {p.description}")
 
 
 @click.command(options_metavar="--batch N [--device P | --budget BYTES] [OPTIONS]")
@@ -52,6 +53,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
 
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors(), budget_advice(artifact, batch, threads, "--batch"):
+        check_target(artifact, device)
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,
                              plot_dir=plot_dir, select=select, adapt=adapt)
@@ -109,6 +111,7 @@ def fit(artifact, device, budget, adapt, as_json):
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors():
+        check_target(artifact, device)
         bar = None if as_json else progress_bar(desc="fit", unit=" capped runs")
 
         def started(batch: int) -> None:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from edgetrain.cli.common import (EXIT_BUDGET, budget_option, device_option,
+from edgetrain.cli.common import (EXIT_BUDGET, budget_option, check_target, device_option,
                                   exit_on_device_errors, fail, json_option, mib, progress_bar,
                                   resolve_budget)
 
@@ -42,6 +42,7 @@ def plan(artifact, device, budget, samples, threads, steps, write, recalibrate, 
         raise click.UsageError("give --device NAME or --budget BYTES")
     device, budget_bytes = resolve_budget(device, budget)
     with exit_on_device_errors():
+        check_target(artifact, device)
         m = load_manifest(artifact)
         per = items_per_sample(m)
         speed = host_speed(threads or m.plan.threads, refresh=recalibrate)

@@ -8,9 +8,9 @@ import click
 import numpy as np
 
 from device_sim.profiles import PROFILES
-from edgetrain.cli.common import (Bytes, Progress, budget_advice, exit_on_device_errors,
-                                  fixed_address_layout,
-                                  json_option, mib, resolve_budget)
+from edgetrain.cli.common import (Bytes, Progress, budget_advice, check_target,
+                                  exit_on_device_errors, fixed_address_layout, json_option,
+                                  mib, resolve_budget)
 from edgetrain import signing
 from edgetrain.datasets import DATASETS, PROTOCOL_LABELS, PROTOCOLS
 from edgetrain.intervals import UserTest, gain_interval
@@ -122,6 +122,7 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
     with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
         if trust:  # before any other part of the artifact is read
             signing.verify(artifact, trust)
+        check_target(artifact, device)
         if labels_per_class == 0:  # label-free: adaptation only, nothing to select with
             if adapt == "none":
                 raise click.UsageError("--labels-per-class 0 trains nothing: add --adapt bn")
@@ -239,6 +240,7 @@ def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, bu
     with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
         if trust:  # before any other part of the artifact is read
             signing.verify(artifact, trust)
+        check_target(artifact, device)
         train, test = user_data(artifact, user, data_file, test_file, dataset, protocol)
         r = reset_batchnorm(artifact, train, test, out, budget_bytes, samples, seed,
                             micro_batch, threads, trust=trust)

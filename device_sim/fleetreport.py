@@ -239,3 +239,15 @@ def load_records(fleet_dir: str | Path) -> list[dict]:
             raise ValueError(f"{path}: {problem}; run `edgetrain fleet` again to merge the "
                              "records anew")
     return recs
+
+
+def spec_devices(fleet_dir: str | Path) -> tuple[str, ...]:
+    """The devices of the spec a fleet folder ran (its fleet-spec.json), so a device no user
+    drew keeps its row; () when the folder holds none."""
+    path = Path(fleet_dir) / "fleet-spec.json"
+    if not os.path.lexists(path):
+        return ()
+    doc = read_json(path, 1 << 20, "a fleet's spec", "Run `edgetrain fleet` again")
+    devices = (doc.get("spec") or {}).get("devices") if isinstance(doc, dict) else None
+    return tuple(d for d in devices if isinstance(d, str)) if isinstance(devices, dict) else ()
+

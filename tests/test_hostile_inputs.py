@@ -60,3 +60,13 @@ def test_a_device_no_user_drew_keeps_its_row():
     rep = report([rec], ["watch-app-low", "mcu-2mb"])
     assert set(rep["devices"]) == {"watch-app-low", "mcu-2mb"}
     assert "mcu-2mb" in table(rep) and "no user drew this device" in table(rep)
+
+
+def test_fleet_report_keeps_the_row_of_a_device_no_user_drew(tmp_path):
+    rec = {"user": 1000, "kind": "synthetic", "device": "watch-app-low", "status": "trained",
+           "budget_bytes": 64 << 20}
+    (tmp_path / "fleet.json").write_text(json.dumps([rec]))
+    (tmp_path / "fleet-spec.json").write_text(json.dumps(
+        {"fingerprint": "x", "spec": {"devices": {"watch-app-low": 1, "mcu-2mb": 1}}}))
+    p = cli("fleet-report", tmp_path)
+    assert p.returncode == 0 and "no user drew this device" in p.stdout, p.stderr

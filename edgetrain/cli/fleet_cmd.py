@@ -78,11 +78,12 @@ def fleet(spec_file, out, address, workers, plot_dir, as_json):
 @json_option
 def fleet_report(fleet_dir, plot_dir, as_json):
     """Summarise a fleet folder's records: per device, per user."""
-    from device_sim.fleetreport import load_records, table
+    from device_sim.fleetreport import load_records, spec_devices, table
 
     with exit_on_device_errors():
         records = load_records(fleet_dir)
-        rep, pictures = _report(records, Path(plot_dir) if plot_dir else None)
+        rep, pictures = _report(records, Path(plot_dir) if plot_dir else None,
+                                spec_devices(fleet_dir))
     if as_json:
         click.echo(json.dumps({**rep, "plots": pictures}, indent=2))
     else:

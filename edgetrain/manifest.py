@@ -106,7 +106,8 @@ class Manifest:
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The manifest as JSON holds it (tuples as lists), so from_dict(to_dict()) == self."""
+        return _as_json(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
@@ -193,6 +194,15 @@ def _plan(d: dict) -> Plan:
 
 def _tensor(t: dict) -> TensorSpec:
     return TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"])
+
+
+def _as_json(value):
+    """Tuples become lists, at any depth: the value JSON gives back."""
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    return value
 
 
 def sha256_file(path: Path) -> str:

@@ -44,3 +44,15 @@ def test_plan_threads_default_for_older_artifacts_and_are_checked(art):
     d["plan"]["threads"] = 0
     with pytest.raises(ArtifactError, match="plan.threads is 0"):
         Manifest.from_dict(d)
+
+
+def test_a_manifest_round_trips_in_memory_and_through_json(tiny_artifact):
+    """Issue 39 (point 5): from_dict(to_dict()) is the manifest, and so is the JSON round
+    trip (to_dict gave tuples, which from_dict refused as not lists)."""
+    import json
+
+    from edgetrain.manifest import Manifest, load_manifest
+
+    m = load_manifest(tiny_artifact)
+    assert Manifest.from_dict(m.to_dict()) == m
+    assert Manifest.from_dict(json.loads(json.dumps(m.to_dict()))) == m

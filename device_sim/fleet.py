@@ -167,9 +167,10 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     if started:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:  # its own local cluster, token-authenticated by choice (Ray warned on every
-            # run that it chose so itself)
-            os.environ.setdefault("RAY_AUTH_MODE", "token")
+        else:  # its own local cluster: Ray enables token authentication for it and warned
+            # on every run that it had; the choice stays Ray's, the line is not the user's
+            logging.getLogger("ray._private.authentication.authentication_token_setup"
+                              ).setLevel(logging.ERROR)
             ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
     try:

@@ -21,7 +21,7 @@ from test_fleet import imu_artifact  # noqa: F401
     ("[1, 2", "is not valid JSON"),
     ("[{\"user\": 1, \"kind\": \"real\", \"device\": \"mcu-2mb\", \"status\": \"trained\", "
      "\"budget_bytes\": 1, \"gain_points\": \"lots\"}]", "field 'gain_points' is 'lots'"),
-    (None, "is not a regular file"),
+    (None, "is a symbolic link (to '/dev/zero')"),
 ])
 def test_a_malformed_fleet_json_is_refused(tmp_path, content, message):
     path = tmp_path / "fleet.json"

@@ -1,9 +1,9 @@
-"""What folding frozen BatchNorms into their convolutions buys (exporters/convbn.py).
+"""What folding frozen BatchNorms into their convolutions buys (exporters/passes/convbn.py).
 
     .venv/bin/python bench/convbn.py      # ~4 min on 2 cores
 
 For three stack rows' configurations (untrained exports: time and memory do not depend on
-the weights), the same export three ways, set by exporters.convbn.WEIGHT_SHARE in the
+the weights), the same export three ways, set by exporters.passes.convbn.WEIGHT_SHARE in the
 exporting process: no layer folded (0), the exporter's rule (its default: where the weight is
 no larger than the convolution's output at the plan's micro-batch), and every layer folded
 (infinity). For each: the layers folded, the predicted peak, the peak measured by
@@ -36,9 +36,9 @@ CASES = [  # row, export arguments, calls per block
 ]
 EXPORT = """
 import sys
-import exporters.convbn
+import exporters.passes.convbn
 if sys.argv[1] != "None":
-    exporters.convbn.WEIGHT_SHARE = eval(sys.argv[1])
+    exporters.passes.convbn.WEIGHT_SHARE = eval(sys.argv[1])
 from edgetrain.cli import main
 sys.argv = ["edgetrain", *sys.argv[2:]]
 main()
@@ -89,7 +89,7 @@ def main() -> None:
                 m = export(art, args, share)
                 peak = json.loads(run("measure", str(art), "--batch", "1", "--steps", "1",
                                       "--no-select", "--json"))["peak_bytes"]
-                found[variant] = {"folded": m["provenance"]["folded_conv_batchnorms"],
+                found[variant] = {"folded": m["provenance"]["passes"]["fold_conv_batchnorms"],
                                   "predicted_peak_bytes": m["predicted"]["peak_bytes"],
                                   "peak_bytes": peak}
                 arts.append(str(art))

@@ -1,4 +1,4 @@
-"""The gradient rewrites of exporters/gradkernels.py, node by node: ORT's own gradient kernel
+"""The gradient rewrites of exporters/passes/gradkernels.py, node by node: ORT's own gradient kernel
 against the rewrite, on the tensor shapes of MobileNetV1 at 224 x 224 (C5's network).
 
     .venv/bin/python bench/gradkernels.py      # ~1 min on 2 cores
@@ -8,11 +8,11 @@ with 2 intra-op threads, then the same graph after the rewrite; the median of 60
 warm-ups, and the largest difference between the two outputs. The depthwise rewrite is asked
 at micro-batch 1 and 2 threads with C5's predicted peak (an untrained export of C5's
 configuration), as C5 exports it: it skips only layers its rule finds too small. The pointwise
-split (exporters/pointwisegrad.py) is timed on C6's pointwise layers at its watchos-extension
+split (exporters/passes/pointwisegrad.py) is timed on C6's pointwise layers at its watchos-extension
 micro-batch (7 patches of 32 x 32), with dX image by image and as one product
 (ONE_PRODUCT_MAX_PIXELS set for the case), against ORT's ConvGrad; and C6's stride-1 depthwise
 weight gradients at that micro-batch, ORT's ConvGrad (weight only) against the stacked NCHWc
-Conv of exporters/stackedgrad.py (where this CPU has NCHWc kernels). Results:
+Conv of exporters/passes/stackedgrad.py (where this CPU has NCHWc kernels). Results:
 bench/results/gradkernels.json; table in docs/results.md (marker `gradkernels`).
 """
 from __future__ import annotations
@@ -25,10 +25,11 @@ from onnx import TensorProto, helper
 
 from common import ROOT, replace_table, run, save_results
 from edgetrain.ort_device import onnxruntime
-from exporters import pointwisegrad
-from exporters.gradkernels import rewrite_depthwise_conv_grads, rewrite_relu_grads
-from exporters.nchwc import CHANNEL_MULTIPLE, host_block
-from exporters.stackedgrad import rewrite_stacked_weight_grads
+from exporters.passes import pointwisegrad
+from exporters.passes.depthwisegrad import rewrite_depthwise_conv_grads
+from exporters.passes.relugrad import rewrite_relu_grads
+from exporters.passes.nchwc import CHANNEL_MULTIPLE, host_block
+from exporters.passes.stackedgrad import rewrite_stacked_weight_grads
 
 DOC = ROOT / "docs" / "results.md"
 THREADS, RUNS, WARMUP = 2, 60, 5

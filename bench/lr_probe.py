@@ -12,7 +12,7 @@ import json, sys, time
 import numpy as np, torch
 sys.path.insert(0, "bench")
 from stack_config import STACK, pretrain_config
-from exporters.pretrain import pretrain
+from exporters.models.pretrain import pretrain
 from edgetrain.userdata import user_data
 from edgetrain import data
 

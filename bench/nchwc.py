@@ -1,4 +1,4 @@
-"""Depthwise convolutions in ORT's NCHWc kernels (exporters/nchwc.py): layer by layer, and C6's
+"""Depthwise convolutions in ORT's NCHWc kernels (exporters/passes/nchwc.py): layer by layer, and C6's
 whole step with and without them.
 
     .venv/bin/python bench/nchwc.py      # ~10 min on 2 cores
@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 
 from common import ROOT, replace_table, run, save_results
 from edgetrain.ort_device import onnxruntime
-from exporters.nchwc import host_block, rewrite_depthwise_nchwc
+from exporters.passes.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
 
 DOC = ROOT / "docs" / "results.md"

@@ -35,9 +35,9 @@ from common import ROOT, replace_table
 from personalise import folds
 from personalise_report import PROTOCOL_NAMES
 from edgetrain import datasets
-from exporters.hostfinetune import Inputs, evaluate, finetune
-from exporters.networks import build_network
-from exporters.pretrain import PretrainConfig, pretrain
+from exporters.models.hostfinetune import Inputs, evaluate, finetune
+from exporters.models.networks import build_network
+from exporters.models.pretrain import PretrainConfig, pretrain
 
 RECIPES = {"all weights": dict(lr=1e-4, which="all"),
            "classifier only": dict(lr=1e-3, which="head"),

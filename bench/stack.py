@@ -18,7 +18,7 @@ micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x
 Stages, each result saved under bench/results/stack/ as soon as it exists, so an interrupted
 run resumes where it stopped:
   pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):
-               dense for C1, dense then DST epochs (exporters/dst.py) for C2-C6
+               dense for C1, dense then DST epochs (exporters/models/dst.py) for C2-C6
   export       one artifact per configuration (.cache/stack/<config>)
   lrsweep      each population model's personalisation learning rate: LR_CANDIDATES x each
                held-out user, trained on the first 75% of the user's personalisation-arm

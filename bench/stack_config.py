@@ -31,7 +31,7 @@ ARTIFACTS = ROOT / ".cache" / "stack"
 
 @dataclass(frozen=True)
 class NetRecipe:
-    """Population training of one network (exporters.pretrain.PretrainConfig fields)."""
+    """Population training of one network (exporters.models.pretrain.PretrainConfig fields)."""
     model: str
     epochs: int
     batch: int
@@ -54,11 +54,11 @@ class StackConfig:
     name: str
     network: str
     sparse: bool
-    recompute: str  # exporters.recompute planner
+    recompute: str  # exporters.plans.recompute planner
     micro_batch: int  # items (images, or patches for C6) per micro-batch
     summary: str
-    # what trains (exporters/updateplans.py), or "auto:<device>": the update search's choice
-    # for that device's budget (exporters/updatesearch.py)
+    # what trains (exporters/plans/updateplans.py), or "auto:<device>": the update search's choice
+    # for that device's budget (exporters/plans/updatesearch.py)
     update: str = "all"
 
     @property
@@ -111,8 +111,8 @@ STACK = [
 
 
 def pretrain_config(network: str, sparse: bool):
-    from exporters.dst import DstConfig
-    from exporters.pretrain import PretrainConfig
+    from exporters.models.dst import DstConfig
+    from exporters.models.pretrain import PretrainConfig
 
     r = RECIPES[network]
     dst = DstConfig(density=DENSITY, epochs=r.dst_epochs) if sparse else None

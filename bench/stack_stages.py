@@ -19,7 +19,7 @@ from stack_config import (ARTIFACT_LR, ARTIFACTS, DENSITY, EFFECTIVE_BATCH, HELD
 
 
 def stage_pretrain(network: str, sparse: bool) -> dict:
-    from exporters.pretrain import pretrain
+    from exporters.models.pretrain import pretrain
 
     _, summary = pretrain(pretrain_config(network, sparse), show_progress=True)
     return {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
@@ -29,16 +29,16 @@ def stage_export(c: StackConfig) -> dict:
     import onnxruntime
 
     from edgetrain.manifest import Plan
-    from exporters.pretrain import export_named
+    from exporters.export import ExportOptions
+    from exporters.models.pretrain import export_named
 
     onnxruntime.set_default_logger_severity(3)
     art = ARTIFACTS / c.key()
     update, _, device = c.update.partition(":")
-    m = export_named(pretrain_config(c.network, c.sparse), art,
-                     Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
-                     lr=ARTIFACT_LR, show_progress=False, recompute=c.recompute,
-                     update=None if update == "all" else update,
-                     update_budget_bytes=cfg.UPDATE_DEVICES.get(device))
+    m = export_named(pretrain_config(c.network, c.sparse), art, ExportOptions(
+        plan=Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
+        lr=ARTIFACT_LR, recompute=c.recompute, update=None if update == "all" else update,
+        update_budget_bytes=cfg.UPDATE_DEVICES.get(device)), show_progress=False)
     return {"artifact": str(art), "trainable_bytes": m.trainable_bytes,
             "update": m.plan.update, "trainable": [t.name for t in m.trainable],
             "update_search": m.provenance.get("update_search"),

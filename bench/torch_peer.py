@@ -75,8 +75,8 @@ def blocks(model: nn.Module, network: str) -> nn.Sequential:
 
 
 def build(spec: dict) -> nn.Sequential:
-    from exporters.dst import TorchMasks
-    from exporters.networks import build_network
+    from exporters.models.dst import TorchMasks
+    from exporters.models.networks import build_network
 
     model, _ = build_network(spec["network"], 7, spec["width"])
     if spec["density"] < 1:

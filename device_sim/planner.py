@@ -24,8 +24,8 @@ from device_sim.hostprofile import HostSpeed, host_speed
 from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
-from exporters.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
-from exporters.graph import attributes, load_graph
+from exporters.predictor.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
+from exporters.passes.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
 from edgetrain import names
 

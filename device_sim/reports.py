@@ -14,7 +14,7 @@ from device_sim.scenario import FitResult, largest_batch
 from edgetrain import names
 from edgetrain.budget import BudgetError, with_prediction
 from edgetrain.manifest import load_manifest
-from exporters.cost import recompute_flops, step_cost
+from exporters.predictor.cost import recompute_flops, step_cost
 from exporters.predictor import predict_manifest
 
 COVERS = ("every byte ONNX Runtime allocates for the training working set: parameters, "
@@ -56,8 +56,8 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
            "batchnorm_stats_pass": adapt == "bn" or (adapt == "auto" and
                                                      names.BATCHNORM_STATS_MODEL in manifest.files)}
     if plot_dir:
-        from exporters.graphview import forward_graph, parts_of, write_graph_svg
-        from exporters.report import plot_graph, plot_timeline  # matplotlib: only when asked
+        from exporters.views.graphview import forward_graph, parts_of, write_graph_svg
+        from exporters.views.report import plot_graph, plot_timeline  # matplotlib: only when asked
 
         out = Path(plot_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -47,21 +47,21 @@ class Plan:
     # ORT intra-op threads the runtime runs with (unless told otherwise); the predicted peak
     # is for this count, so it is the same whichever machine exported the artifact.
     threads: int = DEFAULT_THREADS
-    # what trains (exporters/updateplans.py): "all", "head", "bias", "last:K", parameter names
+    # what trains (exporters/plans/updateplans.py): "all", "head", "bias", "last:K", parameter names
     # or prefixes, comma-separated; "names" when given as a list. The manifest's `trainable`
     # holds the tensors it resolved to.
     update: str = "all"
-    # frozen weights stored in 8 bits (exporters/quantize.py): PyTorch names; each is held as
+    # frozen weights stored in 8 bits (exporters/plans/quantize.py): PyTorch names; each is held as
     # `<name>_int8` and `<name>_scale` and rebuilt by a DequantizeLinear node
     frozen_int8: tuple[str, ...] = ()
-    # masked weights' gradients (exporters/sparsegrad.py): "dense", ORT's dense dW read at the
+    # masked weights' gradients (exporters/passes/sparsegrad.py): "dense", ORT's dense dW read at the
     # kept positions; "kept": computed at the kept positions only, where the layer allows
     weight_grad: str = "dense"
     # channels a block of ORT's NCHWc kernels holds on the exporting machine, when the
-    # training graph's depthwise convolutions run in them (exporters/nchwc.py); 0: they do
+    # training graph's depthwise convolutions run in them (exporters/passes/nchwc.py); 0: they do
     # not. The runtime refuses the artifact where its ORT uses another block.
     nchwc_block: int = 0
-    # how masked weights are rebuilt dense on each call (exporters/densebuild.py): "unpool",
+    # how masked weights are rebuilt dense on each call (exporters/passes/densebuild.py): "unpool",
     # one MaxUnpool; "scatter", Expand + ScatterElements (manifests written before: scatter)
     dense_build: str = "unpool"
     # what runs it (edgetrain/targets.py): "portable" (any ORT 1.19.2 CPU build), "arm64",

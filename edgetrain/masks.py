@@ -1,7 +1,7 @@
 """Dynamic sparse training on device: drop the weakest kept weights, regrow as many elsewhere.
 
 Each masked layer holds `values` [nnz] and `positions` [nnz] into its flattened dense weight
-(exporters/sparse.py). A mask update drops the `n` kept weights with the lowest keep score and
+(exporters/plans/sparse.py). A mask update drops the `n` kept weights with the lowest keep score and
 puts `n` new positions into the freed slots, the ones with the highest grow score among the
 positions not kept. nnz never changes, so density stays at its target and every tensor keeps
 its shape. Regrown weights start at zero (the runtime also zeroes their optimizer moments).
@@ -12,7 +12,7 @@ Updaters (UPDATERS) differ only in their scores, as in RigL (Evci et al. 2020):
 
 `mask_update` is the one step both sides run: the device on its checkpoint state
 (edgetrain/maskupdate.py) and host-side sparse pretraining on torch tensors
-(exporters/dst.py). The number of weights a layer drops comes from `drop_count` alone.
+(exporters/models/dst.py). The number of weights a layer drops comes from `drop_count` alone.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ REQUIRED_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
 MODULE_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)  # the training Module's graphs
 FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
          OPTIMIZER_MODEL: "optimizer_model.onnx", CHECKPOINT: "checkpoint"}
-# Written only when the model has sparse masks / BatchNorm layers (exporters/sidegraphs.py).
+# Written only when the model has sparse masks / BatchNorm layers (exporters/passes/maskgrad.py, batchnormstats.py).
 SIDE_FILES = {MASK_GRAD_MODEL: "mask_grad_model.onnx",
               BATCHNORM_STATS_MODEL: "batchnorm_stats_model.onnx"}
 
@@ -36,7 +36,7 @@ MASK_VALUES_SUFFIX, MASK_POSITIONS_SUFFIX = "_values", "_positions"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
 # ONNX Runtime's blocked-channel kernels (ReorderInput, Conv, ReorderOutput): the training
-# graph's depthwise convolutions run in them (exporters/nchwc.py, edgetrain/nchwcprobe.py).
+# graph's depthwise convolutions run in them (exporters/passes/nchwc.py, edgetrain/nchwcprobe.py).
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 # BatchNorm running statistics, estimated by the BatchNorm-statistics graph.
 RUNNING_STATS = ("running_mean", "running_var")

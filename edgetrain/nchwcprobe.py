@@ -1,5 +1,5 @@
 """Which NCHWc block this process's ONNX Runtime uses, and whether an artifact's training graph
-was built for it (exporters/nchwc.py writes depthwise filters in that block's order).
+was built for it (exporters/passes/nchwc.py writes depthwise filters in that block's order).
 
 MLAS chooses the block when ORT starts: 16 channels on CPUs with AVX-512, 8 with AVX2, none
 elsewhere. No API reports it, so a 4-channel tensor is reordered and the padded channel count

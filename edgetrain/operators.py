@@ -1,6 +1,6 @@
 """The operators an artifact's graphs may hold, by domain: the device's allowlist.
 
-The exporter checks every graph it writes against this list (exporters/export.py) and the
+The exporter checks every graph it writes against this list (exporters/export/artifact.py) and the
 runtime checks every graph it loads (edgetrain/graphcheck.py), so an artifact the exporter
 made always loads, and a hand-made graph with anything else is refused before ONNX Runtime
 sees it. What is left out, and why:
@@ -9,7 +9,7 @@ sees it. What is left out, and why:
   before it runs (a Loop of 2^62 iterations hangs the device); no wearable layer needs one.
 - AveragePool and AveragePoolGrad: onnxruntime-training 1.19.2's AveragePoolGrad dies with a
   floating-point exception (SIGFPE), and the exporter rewrites or refuses every average pool
-  (exporters/operators.py).
+  (exporters/export/operators.py).
 - sequences, optionals, strings, random generators and detection heads: no layer the
   exporter supports emits one.
 - ORT's host-only bridges (ATen, PythonOp, PythonOpGrad, YieldOp): they call back into torch
@@ -57,7 +57,7 @@ SoftmaxCrossEntropyLossInternalGrad SoftmaxGrad_13 SplitTraining TanhGrad Transp
 ZeroGradient
 """.split())
 
-# ORT's blocked-channel kernels the exporter's NCHWc pass writes (exporters/nchwc.py)
+# ORT's blocked-channel kernels the exporter's NCHWc pass writes (exporters/passes/nchwc.py)
 NCHWC = frozenset({"ReorderInput", "ReorderOutput", "Conv"})
 
 # gradients ORT's training builder writes in the ONNX domain rather than com.microsoft

@@ -12,7 +12,7 @@ the work saved before the stall is kept and `--resume` continues from it; the ru
 lock is an flock, released with the process. The watchdog exits when the run does.
 
 The bound comes from the export's predicted cost of one training step (manifest
-`predicted.step_flops`, exporters/cost.py) at a deliberately slow SECONDS_PER_FLOP, never
+`predicted.step_flops`, exporters/predictor/cost.py) at a deliberately slow SECONDS_PER_FLOP, never
 below FLOOR_S (a first call also pays for ORT's lazy set-up) and never above CEILING_S (the
 manifest is not hashed: a hostile one cannot switch the watchdog off). EDGETRAIN_WATCHDOG_S
 sets the bound directly (debugging, tests). The Python API arms no watchdog unless the

@@ -16,9 +16,9 @@ import torch
 from conftest import cli, device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.norms import freeze_batchnorm_layers
-from exporters.operators import UnsupportedOperatorError
-from exporters.sparse import maskable
+from exporters.models.norms import freeze_batchnorm_layers
+from exporters.export.operators import UnsupportedOperatorError
+from exporters.plans.sparse import maskable
 from wearable_models import CASES, CLASSES
 
 BATCH = 4

@@ -1,4 +1,4 @@
-"""Convolution + frozen BatchNorm folded into one convolution (exporters/convbn.py): which
+"""Convolution + frozen BatchNorm folded into one convolution (exporters/passes/convbn.py): which
 layers fold, the graph it leaves, and gradients equal to torch's unfolded model."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from torch import nn
 
 from conftest import device_gradients
 from edgetrain.manifest import Plan
-from exporters.convbn import fold_conv_batchnorms
+from exporters.passes.convbn import fold_conv_batchnorms
 from exporters.export import export_artifact
-from exporters.norms import freeze_batchnorm_layers
-from exporters.onnxfixes import torch_to_onnx
+from exporters.models.norms import freeze_batchnorm_layers
+from exporters.export.torchonnx import torch_to_onnx
 
 
 def _net() -> nn.Module:
@@ -66,7 +66,7 @@ def test_a_folded_artifact_trains_with_torch_gradients(tmp_path):
     model = _with_stats(_net())
     m = export_artifact(model, torch.zeros(2, 3, 8, 8), tmp_path / "art", classes=["a", "b", "c"],
                         model_name="convbn", plan=Plan(micro_batch=4), freeze_batchnorm=True)
-    assert m.provenance["folded_conv_batchnorms"] == 2
+    assert m.provenance["passes"]["fold_conv_batchnorms"] == 2
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, 4)
@@ -90,4 +90,4 @@ def test_a_frozen_weight_keeps_its_batchnorm_pair(tmp_path):
         m = export_artifact(_with_stats(_net()), torch.zeros(2, 3, 8, 8), tmp_path / update,
                             classes=["a", "b", "c"], model_name="convbn",
                             plan=Plan(micro_batch=4), freeze_batchnorm=True, update=update)
-        assert m.provenance["folded_conv_batchnorms"] == 0, update
+        assert m.provenance["passes"]["fold_conv_batchnorms"] == 0, update

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from device_sim.profiles import get_profile
-from exporters.cost import ADAMW_FLOPS_PER_VALUE, step_cost
+from exporters.predictor.cost import ADAMW_FLOPS_PER_VALUE, step_cost
 
 
 def test_tiny_net_conv_flops_by_hand(tiny_artifact):
@@ -59,7 +59,7 @@ def test_a_gru_counts_its_gates_matrix_products():
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from exporters.cost import node_costs
+    from exporters.predictor.cost import node_costs
 
     t, b, i, h = 16, 4, 6, 12
     w = numpy_helper.from_array(np.zeros((1, 3 * h, i), np.float32), "W")

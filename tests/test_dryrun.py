@@ -1,4 +1,4 @@
-"""The export's dry run (exporters/dryrun.py): a budget recompute plan runs capped at its
+"""The export's dry run (exporters/export/dryrun.py): a budget recompute plan runs capped at its
 budget before the export is written, and is planned again for less when it overruns."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from conftest import cli
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
-from exporters.dryrun import (BUDGET_PLAN_ATTEMPTS, BudgetOverrunError, dry_run_artifact,
+from exporters.export.dryrun import (BUDGET_PLAN_ATTEMPTS, BudgetOverrunError, dry_run_artifact,
                               export_within_budget)
 
 

@@ -1,4 +1,4 @@
-"""Host-side dynamic sparse training (exporters/dst.py) and the held-out population split."""
+"""Host-side dynamic sparse training (exporters/models/dst.py) and the held-out population split."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +10,8 @@ from torch import nn
 
 from edgetrain import data
 from edgetrain.masks import UPDATERS
-from exporters.dst import DstConfig, TorchMasks
-from exporters.sparse import dense_weight, layer_nnz, sparsify
+from exporters.models.dst import DstConfig, TorchMasks
+from exporters.plans.sparse import dense_weight, layer_nnz, sparsify
 
 
 def net(seed: int = 0) -> nn.Module:
@@ -128,7 +128,7 @@ def test_pretrain_cache_key_of_the_default_config_is_unchanged():
     import hashlib
     import json
 
-    from exporters.pretrain import CACHE_VERSION, PretrainConfig, cache_key
+    from exporters.models.pretrain import CACHE_VERSION, PretrainConfig, cache_key
 
     cfg = PretrainConfig()
     old = {k: v for k, v in dataclasses.asdict(cfg).items()
@@ -149,7 +149,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
     import torch
 
     from conftest import tiny_model
-    from exporters import popfit, pretrain
+    from exporters.models import popfit, pretrain
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((12, data.WINDOW_SAMPLES, 6))
@@ -227,7 +227,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
 def test_pretraining_cache_round_trip_leaves_no_temporaries(tmp_path, monkeypatch):
     import torch
 
-    from exporters.pretrain import PretrainConfig, pretrain
+    from exporters.models.pretrain import PretrainConfig, pretrain
 
     rng = np.random.default_rng(0)
     recs = data.Recordings(x=[rng.standard_normal((400, 6)) for _ in range(4)],

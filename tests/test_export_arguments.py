@@ -82,7 +82,7 @@ def test_an_export_sweeps_what_a_killed_export_left_and_spares_a_live_ones(tmp_p
     process is gone, and never a running export's."""
     import os
 
-    from exporters.arguments import sweep_exports, work_folder
+    from exporters.export.arguments import sweep_exports, work_folder
 
     out = tmp_path / "art"
     dead = [tmp_path / ".art.tmp-999999999-x1", tmp_path / ".art.old-999999999"]

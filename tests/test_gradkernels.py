@@ -9,8 +9,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import device_gradients
-from exporters.gradkernels import (MLAS_CONV_BUFFER_BYTES_PER_THREAD, PEAK_SHARE,
-                                   rewrite_depthwise_conv_grads, rewrite_relu_grads)
+from exporters.passes.relugrad import rewrite_relu_grads
+from exporters.passes.depthwisegrad import (MLAS_CONV_BUFFER_BYTES_PER_THREAD, PEAK_SHARE,
+                                           rewrite_depthwise_conv_grads)
 
 SHAPE = [2, 3, 5, 5]
 
@@ -134,13 +135,14 @@ def test_an_exported_depthwise_net_gets_torch_gradients(tmp_path):
     m = export_artifact(model, torch.zeros(2, 3, 64, 64), tmp_path / "art",
                         classes=["a", "b", "c"], model_name="dw", plan=Plan(micro_batch=4),
                         target="host")  # this machine's kernels where it has them
-    from exporters.nchwc import host_block
+    from exporters.passes.nchwc import host_block
     # the depthwise layer's forward Conv and its input-gradient Conv go into NCHWc kernels
     # where this CPU has them (tests/test_nchwc.py), and so does its weight gradient
     # (tests/test_stackedgrad.py)
-    assert m.provenance["gradient_rewrites"] == {
-        "ReluGrad": 2, "ConvGrad": 1, **({"Conv_nchwc": 2, "ConvGrad_depthwise_weight_stacked": 1}
-                                         if host_block() > 1 else {})}
+    passes = m.provenance["passes"]
+    assert (passes["relu_grads"], passes["depthwise_conv_grads"]) == (2, 1)
+    assert (passes["nchwc_convs"], passes["stacked_depthwise_weight_grads"]) == (
+        (2, 1) if host_block() > 1 else (0, 0))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((m.plan.micro_batch, 3, 64, 64)).astype(np.float32)
     y = rng.integers(0, 3, m.plan.micro_batch)

@@ -156,7 +156,7 @@ def test_a_constant_computation_runs_under_the_cap_not_at_load(art, saved, tmp_p
 
 def test_every_graph_the_exporter_wrote_passes_the_device_check(tiny_artifact):
     """The contract holds both ways: the exporter checks its graphs with the device's check
-    (exporters/operators.py), so its artifacts load; this one's manifest lists them all."""
+    (exporters/export/operators.py), so its artifacts load; this one's manifest lists them all."""
     from edgetrain.graphcheck import check_model_file
 
     roles = json.loads((tiny_artifact / "manifest.json").read_text())["files"]

@@ -1,4 +1,4 @@
-"""Frozen weights in 8 bits (exporters/quantize.py): a quarter of the bytes, the same graph."""
+"""Frozen weights in 8 bits (exporters/plans/quantize.py): a quarter of the bytes, the same graph."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from conftest import cli, device_python
-from exporters.quantize import quantize_per_channel
+from exporters.plans.quantize import quantize_per_channel
 from test_update_plans import SAMPLE, data, small_cnn
 
 

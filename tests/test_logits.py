@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from exporters.export import export_artifact
-from exporters.logits import LogitsError
+from exporters.export.logits import LogitsError
 
 
 class TwoOutputs(torch.nn.Module):

@@ -1,12 +1,12 @@
 """Issue 38: `export --density` says what masking costs and what BatchNorm RESET recovers
-(exporters/maskfidelity.py)."""
+(exporters/models/maskfidelity.py)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from exporters.maskfidelity import reset_running_statistics, masking_fidelity
-from exporters.networks import build_network
+from exporters.models.maskfidelity import reset_running_statistics, masking_fidelity
+from exporters.models.networks import build_network
 
 
 def test_reset_sets_running_statistics_to_the_average_of_the_batch_statistics():

@@ -13,7 +13,7 @@ from conftest import TINY_CLASSES, TINY_SHAPE, cli, device_python, tiny_data, ti
 from edgetrain.manifest import Plan, load_manifest
 from edgetrain.masks import UPDATERS, MaskSchedule, update_layer
 from exporters.export import export_artifact
-from exporters.sparse import sparsify
+from exporters.plans.sparse import sparsify
 
 DENSITY = 0.5
 

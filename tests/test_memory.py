@@ -112,11 +112,11 @@ def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_activations(
 
     import numpy as np
 
-    from exporters.graph import load_graph, without_identities
-    from exporters.graphview import block_of, write_graph_svg
+    from exporters.passes.graph import load_graph, without_identities
+    from exporters.views.graphview import block_of, write_graph_svg
     from exporters.predictor import predict_manifest
     from exporters.predictor.shapes import runtime_shapes
-    from exporters.recompute import analyse
+    from exporters.plans.recompute import analyse
     from test_update_plans import export
 
     _, m = export(tmp_path, "all")

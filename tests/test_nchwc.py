@@ -1,4 +1,4 @@
-"""Depthwise convolutions in ORT's NCHWc kernels (exporters/nchwc.py): the block probe, the
+"""Depthwise convolutions in ORT's NCHWc kernels (exporters/passes/nchwc.py): the block probe, the
 rewrite's values and gradients against ORT's own kernels, the predictor's sizes, the
 runtime's refusal of another block."""
 import json
@@ -14,7 +14,7 @@ from edgetrain.manifest import ArtifactError, Plan, load_manifest
 from edgetrain.names import NCHWC_DOMAIN
 from edgetrain.nchwcprobe import PROBE_MODEL, check_block, nchwc_block
 from exporters.export import export_artifact
-from exporters.nchwc import host_block, rewrite_depthwise_nchwc
+from exporters.passes.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
 
 from conftest import device_gradients
@@ -126,9 +126,9 @@ def test_training_step_gradients_equal_ort_kernels(tmp_path):
         graph = onnx.load(str(out / "training_model.onnx"))
         convs = sum(n.domain == NCHWC_DOMAIN and n.op_type == "Conv" for n in graph.graph.node)
         assert m.plan.nchwc_block == (host_block() if nchwc else 0)
-        rewrites = m.provenance["gradient_rewrites"]
-        assert (rewrites.get("Conv_nchwc", 0) + rewrites.get(
-            "ConvGrad_depthwise_weight_stacked", 0) == convs) and (
+        passes = m.provenance["passes"]
+        assert (passes.get("nchwc_convs", 0) + passes.get(
+            "stacked_depthwise_weight_grads", 0) == convs) and (
             convs >= 2 if nchwc else convs == 0)  # the two depthwise layers at least
         got[nchwc] = device_gradients(out, x, y)
     assert got[True]["loss"] == pytest.approx(got[False]["loss"], rel=1e-5)

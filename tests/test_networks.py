@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exporters.networks import NETWORKS, build_network
+from exporters.models.networks import NETWORKS, build_network
 
 # (H, W, C) after the stem and after every depthwise-separable block, at width 1.
 MOBILENET_V1 = [(112, 112, 32), (112, 112, 64), (56, 56, 128), (56, 56, 128), (28, 28, 256),

@@ -106,7 +106,7 @@ def test_byoms_raw_imu_example_takes_user_and_refuses_its_population(tmp_path):
 
 def test_the_clis_network_names_are_the_exporters():
     from edgetrain.cli.export_cmd import NETWORK_NAMES
-    from exporters.networks import NETWORKS
+    from exporters.models.networks import NETWORKS
 
     assert sorted(NETWORK_NAMES) == sorted(NETWORKS)
 

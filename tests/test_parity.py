@@ -43,8 +43,9 @@ print(json.dumps({{'loss': loss, 'grads': grads,
                   'torch': sys.modules.get('torch') is not None}}))
 """)
     assert out["torch"] is False
-    # the ReLU's gradient ran as the rewrite (exporters/gradkernels.py), and still matches torch
-    assert manifest.provenance["gradient_rewrites"] == {"ReluGrad": 1, "ConvGrad": 0}
+    # the ReLU's gradient ran as the rewrite (exporters/passes/relugrad.py), and still matches torch
+    passes = manifest.provenance["passes"]
+    assert (passes["relu_grads"], passes["depthwise_conv_grads"]) == (1, 0)
     assert abs(out["loss"] - loss.item()) < 1e-5
     for n, g in grads.items():
         np.testing.assert_allclose(np.array(out["grads"][n]), g, rtol=1e-4, atol=1e-6, err_msg=n)

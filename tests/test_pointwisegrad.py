@@ -1,4 +1,4 @@
-"""A pointwise ConvGrad split into dX, then dW (exporters/pointwisegrad.py): values equal to
+"""A pointwise ConvGrad split into dX, then dW (exporters/passes/pointwisegrad.py): values equal to
 ORT's ConvGrad, dW made only after W's last reader, the layers it must leave alone, and the
 memory it frees on a sparse export (predicted and measured)."""
 import numpy as np
@@ -10,9 +10,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.graph import execution_order
-from exporters.pointwisegrad import ONE_PRODUCT_MAX_PIXELS, rewrite_pointwise_grads
-from exporters.sparse import sparsify
+from exporters.passes.graph import execution_order
+from exporters.passes.pointwisegrad import ONE_PRODUCT_MAX_PIXELS, rewrite_pointwise_grads
+from exporters.plans.sparse import sparsify
 
 from conftest import assert_device_step_equals_torch
 
@@ -103,7 +103,7 @@ def test_sparse_export_gradients_match_torch(tmp_path):
     m = export_artifact(_Net(), torch.zeros(2, 3, 6, 6), out, classes=list("abcd"),
                         plan=Plan(micro_batch=3), density=0.5, recompute="sqrt", nchwc=False,
                         mask_allocation="uniform")
-    assert m.provenance["gradient_rewrites"]["ConvGrad_pointwise_split"] >= 2
+    assert m.provenance["passes"]["pointwise_grads_split"] >= 2
     torch.manual_seed(0)
     model, _ = sparsify(_Net(), 0.5, "uniform")
     x = np.random.default_rng(1).standard_normal((3, 3, 6, 6)).astype(np.float32)

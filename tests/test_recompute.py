@@ -10,10 +10,10 @@ from torch import nn
 from conftest import device_python
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
-from exporters.cost import node_costs
-from exporters.graph import is_backward, without_identities
+from exporters.predictor.cost import node_costs
+from exporters.passes.graph import is_backward, without_identities
 from exporters.predictor.shapes import nbytes, tensor_shapes
-from exporters.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel,
+from exporters.plans.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel,
                                  analyse, budget_for_peak, headroom_bytes, make_plan)
 
 
@@ -154,7 +154,7 @@ def test_segment_model_search_is_exact():
 def test_seed_networks_keep_their_gradients_under_sqrt(tmp_path, name, side):
     """Every network the exporter builds, narrow and small so the test stays quick (MobileNetV1
     at 64x64: at 32x32, with its BatchNorms folded, no sqrt plan saves a buffer's worth)."""
-    from exporters.networks import build_network
+    from exporters.models.networks import build_network
 
     arts = {}
     for planner in ("none", "sqrt"):
@@ -231,7 +231,7 @@ print(json.dumps({{k: v.tolist() for k, v in rt.dense_gradients([(x, y)]).items(
 def test_greedy_fallback_adds_the_checkpoint_the_predictor_likes_best():
     """When the segment model's plans do not fit, checkpoints are added one at a time by the
     predictor's own peaks; the first round with a fitting plan returns its cheapest one."""
-    from exporters.recompute.planners import GREEDY_MAX_CHECKPOINTS, _greedy_cuts
+    from exporters.plans.recompute.planners import GREEDY_MAX_CHECKPOINTS, _greedy_cuts
 
     class Fwd:
         cuts = ("a", "b", "c", "d")

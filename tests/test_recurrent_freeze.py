@@ -1,5 +1,5 @@
 """Frozen GRU/LSTM layers above trained ones: ORT 1.19.2's GRUGrad/LSTMGrad crashed the
-process (SIGSEGV) when their weight gradients were not wanted; onnxfixes.fix_recurrent_grads
+process (SIGSEGV) when their weight gradients were not wanted; exporters/passes/recurrentgrads.py
 names those outputs. One step's loss and gradients equal torch's for partly frozen cells."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from conftest import device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.onnxfixes import RECURRENT_GRADS
+from exporters.passes.recurrentgrads import RECURRENT_GRADS
 
 
 class TwoLayers(torch.nn.Module):
@@ -58,10 +58,13 @@ def test_partly_frozen_recurrent_cells_train_as_torch(tmp_path, cell, trained):
 def test_the_export_dry_run_turns_a_native_crash_into_an_error(tmp_path, monkeypatch):
     """Without the fix the step kills ORT's process (SIGSEGV): the export's dry run, in a
     child process, fails the export with the signal named, and nothing is written."""
-    import exporters.export
-    from exporters.dryrun import DryRunError
+    import exporters.export.build
+    from exporters.export.dryrun import DryRunError
+    from exporters.passes import recurrentgrads
 
-    monkeypatch.setattr(exporters.export, "fix_recurrent_grads", lambda path: 0)
+    without = tuple(p for p in exporters.export.build.ARTIFACT_PASSES
+                    if p is not recurrentgrads.PASS)
+    monkeypatch.setattr(exporters.export.build, "ARTIFACT_PASSES", without)
     torch.manual_seed(0)
     with pytest.raises(DryRunError, match="SIGSEGV.*Nothing was written"):
         export_artifact(TwoLayers(torch.nn.GRU), torch.zeros(2, 10, 6), tmp_path / "art",

@@ -81,7 +81,7 @@ def test_a_trusted_key_that_is_no_key_is_refused(signed, keys, saved, tmp_path):
 def test_an_export_over_a_signed_artifact_replaces_it(signed, tmp_path):
     """A signed artifact's folder holds the manifest's files and the signature: an export may
     replace it (exporters/arguments.check_replaceable)."""
-    from exporters.arguments import check_replaceable
+    from exporters.export.arguments import check_replaceable
 
     check_replaceable(signed)
     (signed / "notes.txt").write_text("mine")

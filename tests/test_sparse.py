@@ -15,7 +15,8 @@ from edgetrain import names
 from edgetrain.budget import arena_rounded
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
-from exporters.sparse import ALLOCATIONS, INITS, dense_weight, int32_scatter_indices, sparsify
+from exporters.passes.scatterindices import int32_scatter_indices
+from exporters.plans.sparse import ALLOCATIONS, INITS, dense_weight, sparsify
 
 
 def net() -> nn.Module:
@@ -84,13 +85,13 @@ def test_ort_gradients_of_kept_values_equal_torch(tmp_path):
     assert {k.weight for k in m.masks} == {"0.weight", "2.weight", "6.weight"}
     assert load_manifest(tmp_path / "a").masks == m.masks
     # the scatters read the stored int32 positions: no cast to int64 is left in the graph
-    # but those MaxUnpool needs (exporters/densebuild.py), one per dense-weight build
-    assert m.provenance["int32_scatter_indices"] == 3
+    # but those MaxUnpool needs (exporters/passes/densebuild.py), one per dense-weight build
+    assert m.provenance["passes"]["int32_scatter_indices"] == 3
     train = onnx.load(tmp_path / "a" / m.files[names.TRAINING_MODEL].path)
     casts = [n for n in train.graph.node if n.op_type == "Cast" and
              helper.get_attribute_value(n.attribute[0]) == TensorProto.INT64]
     unpools = [n for n in train.graph.node if n.op_type == "MaxUnpool"]
-    assert len(casts) == len(unpools) == m.provenance["dense_weight_unpools"] >= 3
+    assert len(casts) == len(unpools) == m.provenance["passes"]["dense_builds"] >= 3
     assert all(c.name.endswith("_unpool/Cast") for c in casts)
     model, _ = sparsify(net(), 0.25, "uniform")
     rng = np.random.default_rng(0)

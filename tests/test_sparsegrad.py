@@ -11,8 +11,8 @@ from torch import nn
 from conftest import cli, device_gradients
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.sparse import sparsify
-from exporters.sparsegrad import MAX_PIECES, PIECE_SHARE, pieces_for
+from exporters.plans.sparse import sparsify
+from exporters.passes.sparsegrad import MAX_PIECES, PIECE_SHARE, pieces_for
 
 WIDE = 256  # a pointwise layer of WIDE x WIDE weights over 2 x 2 pixels
 
@@ -45,7 +45,7 @@ def test_pieces_keep_each_gather_within_its_share():
 def test_kept_gradients_equal_torch_and_the_3x3_layer_stays(tmp_path):
     m = export(tmp_path / "a", "kept")
     # the 1x1 layer is rewritten; the strided 3x3 one and the Linear are left to ORT
-    assert m.provenance["gradient_rewrites"]["ConvGrad_masked_pointwise"] == 1
+    assert m.provenance["passes"]["masked_pointwise_grads"] == 1
     assert m.plan.weight_grad == "kept" and m.predicted["complete"]
     model, _ = sparsify(net(), 0.1, "uniform")
     rng = np.random.default_rng(0)
@@ -61,7 +61,7 @@ def test_kept_gradients_equal_torch_and_the_3x3_layer_stays(tmp_path):
 def test_neither_variant_holds_the_dense_w_and_dw_at_once(tmp_path):
     """Measured by ORT's allocator, as predicted: the kept gradient (sparsegrad) never makes
     the dense 256 x 256 dW, and the dense variant makes it only once the rebuilt W is gone
-    (exporters/pointwisegrad.py), so neither holds W and dW at once: 2 x 256 x 256 x 4 bytes
+    (exporters/passes/pointwisegrad.py), so neither holds W and dW at once: 2 x 256 x 256 x 4 bytes
     (shapes x itemsize); ORT's ConvGrad did, and needed more. (The run's end-of-cycle
     inference check, which rebuilds dense weights in space training freed, is not what this
     compares.)"""

@@ -74,7 +74,7 @@ def test_headline_applies_the_seed_bar(c6_peak, c6_acc, verdict):
 @pytest.mark.parametrize("network", ["resnet50", "mobilenet_v1", "patch_mobilenet"])
 def test_torch_peer_blocks_compute_the_network(network):
     """checkpoint_sequential runs the flattened blocks: they must be the whole network."""
-    from exporters.networks import build_network
+    from exporters.models.networks import build_network
 
     torch.manual_seed(0)
     model, _ = build_network(network, 7, 0.125)

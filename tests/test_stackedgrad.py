@@ -1,4 +1,4 @@
-"""A depthwise weight gradient as one stacked NCHWc Conv (exporters/stackedgrad.py): values
+"""A depthwise weight gradient as one stacked NCHWc Conv (exporters/passes/stackedgrad.py): values
 equal to ORT's ConvGrad over pads, kernels and batches; the layers it leaves alone; a whole
 training step against torch at micro-batches other than the export's."""
 import numpy as np
@@ -9,8 +9,8 @@ from onnx import TensorProto, helper
 
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.nchwc import CHANNEL_MULTIPLE, host_block
-from exporters.stackedgrad import rewrite_stacked_weight_grads
+from exporters.passes.nchwc import CHANNEL_MULTIPLE, host_block
+from exporters.passes.stackedgrad import rewrite_stacked_weight_grads
 
 from conftest import assert_device_step_equals_torch
 
@@ -93,6 +93,6 @@ def test_training_step_equals_torch_at_other_micro_batches(tmp_path, batch):
     out = tmp_path / "a"
     m = export_artifact(model, torch.zeros(2, 3, 8, 8), out, classes=list("abcd"),
                         plan=Plan(micro_batch=3), target="host")  # this machine's kernels
-    assert m.provenance["gradient_rewrites"]["ConvGrad_depthwise_weight_stacked"] == 2
+    assert m.provenance["passes"]["stacked_depthwise_weight_grads"] == 2
     x = np.random.default_rng(1).standard_normal((batch, 3, 8, 8)).astype(np.float32)
     assert_device_step_equals_torch(out, model, x, np.arange(batch) % 4, atol=1e-5)

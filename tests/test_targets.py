@@ -16,9 +16,9 @@ from edgetrain.manifest import Plan, load_manifest
 from edgetrain.names import NCHWC_DOMAIN
 from edgetrain.specs import ArtifactError
 from edgetrain.targets import TARGETS, graph_domains
-from exporters.arguments import resolve_target
+from exporters.export.arguments import resolve_target
 from exporters.export import export_artifact
-from exporters.nchwc import host_block
+from exporters.passes.nchwc import host_block
 
 
 def depthwise_net() -> nn.Module:

@@ -1,4 +1,4 @@
-"""Update plans (exporters/updateplans.py): what trains, what it costs, and that nothing else moves.
+"""Update plans (exporters/plans/updateplans.py): what trains, what it costs, and that nothing else moves.
 
 A small 1-D CNN (two conv blocks with BatchNorm frozen into an affine map, as shipped networks
 are, and a classifier) is exported under several plans. Gradients of the trained tensors must
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from conftest import cli, device_python
-from exporters.updateplans import resolve
+from exporters.plans.updateplans import resolve
 
 CLASSES = ["a", "b", "c"]
 SAMPLE = (6, 32)  # channels x time, like a raw IMU window
@@ -169,7 +169,7 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
     from types import SimpleNamespace
 
     from edgetrain.budget import BudgetError
-    from exporters.updatesearch import candidate_plans, search
+    from exporters.plans.updatesearch import candidate_plans, search
 
     assert candidate_plans(5) == ["head", "bias", "bias,head", "last:2", "last:3", "last:4",
                                   "bias,last:2", "bias,last:3", "bias,last:4", "all"]

@@ -14,7 +14,7 @@ from edgetrain.cli.common import (budget_option, device_option, exit_on_device_e
 from edgetrain.cli.plan_variants import plan_over_variants
 from edgetrain.manifest import DEFAULT_THREADS
 
-# exporters.networks.NETWORKS' names, spelled here so `--help` needs no torch (a test keeps
+# exporters.models.networks.NETWORKS' names, spelled here so `--help` needs no torch (a test keeps
 # them equal)
 NETWORK_NAMES = ("imu_cnn", "imu_transformer", "mobilenet_v1", "patch_mobilenet", "resnet50")
 from edgetrain.names import SIGNATURE_NAME
@@ -139,8 +139,9 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
     import onnxruntime
 
     from edgetrain.manifest import Plan
-    from exporters.pretrain import PretrainConfig, export_named
-    from exporters.summary import export_summary
+    from exporters.export import ExportOptions
+    from exporters.models.pretrain import PretrainConfig, export_named
+    from exporters.export.summary import export_summary
 
     onnxruntime.set_default_logger_severity(3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -154,22 +155,23 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
                              epochs=epochs, also_held_out=subjects(also_holdout),
                              dataset=dataset)
-        plan = Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
-                    dense_build=dense_build)
+        options = ExportOptions(
+            plan=Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
+                      dense_build=dense_build, weight_grad=weight_grad),
+            lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
+            mask_init=mask_init, int8_frozen=int8_frozen, nchwc=nchwc,
+            target=target or (PROFILES[device].target if device else None))
 
         def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad,
                   micro=micro_batch, accumulation=accumulate):
-            at = dataclasses.replace(plan, weight_grad=grads, micro_batch=micro,
+            at = dataclasses.replace(options.plan, weight_grad=grads, micro_batch=micro,
                                      accumulation_steps=accumulation)
-            m = export_named(cfg, folder, at, lr=lr,
-                             cache_dir=None if no_cache else Path(".cache/pretrain"),
-                             show_progress=not as_json, recompute=recompute_plan,
-                             recompute_budget_bytes=budget_bytes
-                             if recompute_plan == "budget" else None,
-                             update=update_plan, update_budget_bytes=budget_bytes,
-                             int8_frozen=int8_frozen, density=kept, nchwc=nchwc,
-                             target=target or (PROFILES[device].target if device else None),
-                             mask_allocation=mask_allocation, mask_init=mask_init)
+            m = export_named(cfg, folder, options.replace(
+                plan=at, recompute=recompute_plan, density=kept, update=update_plan,
+                recompute_budget_bytes=budget_bytes if recompute_plan == "budget" else None,
+                update_budget_bytes=budget_bytes if update_plan == "auto" else None),
+                cache_dir=None if no_cache else Path(".cache/pretrain"),
+                show_progress=not as_json)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)
             return m

@@ -64,7 +64,7 @@ def plan(artifact, device, budget, samples, threads, steps, write, recalibrate, 
         if write:
             write_plan(artifact, r)
         if plot_file:
-            from exporters.report import plot_frontier  # matplotlib: only when asked
+            from exporters.views.report import plot_frontier  # matplotlib: only when asked
 
             plot_frontier(r.to_dict(), plot_file)
     if as_json:

@@ -15,7 +15,7 @@ def plan_over_variants(out, m, build, recompute: str, update: str, extra_updates
     gradients when asked, on a sparse artifact), keep the variant whose confirmed plan
     measured fastest, write its plan there, and record every variant's outcome in
     provenance["plan_search"]["variants"]. If no variant has a plan and the artifact is
-    sparse, each is tried again with kept-weights gradients (exporters/sparsegrad.py). The
+    sparse, each is tried again with kept-weights gradients (exporters/passes/sparsegrad.py). The
     step stays the one the export describes. build(folder, recompute, update, density,
     weight_grad[, micro_batch, accumulation]) exports one twin."""
     import shutil
@@ -87,7 +87,7 @@ BUDGET_RECOMPUTE_SIZES = 3  # micro-batches above the best plan's tried with rec
 def budget_recompute_twins(base: str | None, variants, results, step: int, add) -> None:
     """The best variant's twins exported at the next BUDGET_RECOMPUTE_SIZES micro-batches
     above its plan's (divisors of the step), each with the recompute plan the budget planner
-    finds for that micro-batch (exporters/recompute/planners.py: fewest recomputed FLOPs
+    finds for that micro-batch (exporters/plans/recompute/planners.py: fewest recomputed FLOPs
     predicted to fit). A larger micro-batch can outrun the recomputation: C6 on
     `watchos-extension` fits 2 patches a call with `sqrt`, 7 with 4 checkpoints. Stops at the
     first micro-batch no recompute plan fits (a larger one would not fit either)."""

@@ -35,7 +35,7 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 
 # Operators whose run-time memory the predictor models (their kernels allocate nothing from
 # the arena beyond their outputs, or what scratch.py replays; "Conv" covers the NCHWc
-# domain's too, with ReorderInput and ReorderOutput: exporters/nchwc.py), checked against the
+# domain's too, with ReorderInput and ReorderOutput: exporters/passes/nchwc.py), checked against the
 # allocator on the seed networks (dense and sparse) and the layer families of
 # tests/wearable_models.py: convolutions, norms, pooling, activations, attention (MatMul,
 # Softmax, Transpose, Gather), embeddings. A training graph with any other operator

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgetrain.budget import arena_rounded
 from edgetrain.names import NCHWC_DOMAIN
-from exporters.graph import CONV_OPS, attributes, drop_identities
+from exporters.passes.graph import CONV_OPS, attributes, drop_identities
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import StepPlan
 from exporters.predictor.shapes import Shapes, runtime_shapes
@@ -61,7 +61,7 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
 
 def conv_temporaries(n, shapes, threads: int) -> list[int]:
     """Bytes of the temporaries a Conv or ConvGrad kernel allocates while it runs (MLAS's
-    NCHWc Conv, exporters/nchwc.py, works in its output alone)."""
+    NCHWc Conv, exporters/passes/nchwc.py, works in its output alone)."""
     if n.op_type not in CONV_OPS + ("ConvGrad",) or n.domain == NCHWC_DOMAIN:
         return []
     a = attributes(n)

@@ -133,7 +133,7 @@ _PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
 
 
 def _nchwc_shape(node, out: Shapes) -> tuple[int, ...] | None:
-    """The logical [N, C, H, W] output of ORT's NCHWc ops (exporters/nchwc.py writes them for
+    """The logical [N, C, H, W] output of ORT's NCHWc ops (exporters/passes/nchwc.py writes them for
     channel counts every block divides, so ReorderInput keeps its input's shape)."""
     x = out[node.input[0]][0]
     if node.op_type == "ReorderInput":

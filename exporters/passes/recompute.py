@@ -1,0 +1,59 @@
+"""Pass `recompute` (training graph): the recompute plan (gradient checkpointing) written into
+ORT's training graph.
+
+ORT's own memory optimizer does nothing on on-device artifacts, so the exporter rewrites the
+graph itself: the plan's checkpoints are kept, every other saved tensor of a segment is
+recomputed in backward from the checkpoint before it (exporters/plans/recompute/). The
+planner is the export's `recompute` option (sqrt, or budget: the cheapest plan predicted to fit
+the budget, judged with the passes after this one applied, as the artifact will run); the
+plan goes into the manifest's plan (checkpoints, recomputed tensors, a note).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from edgetrain import names
+from edgetrain.names import FILES
+from exporters.passes.pipeline import Context, Graphs, Pass
+from exporters.plans.recompute import plan_and_rewrite
+from exporters.predictor.evaluated import forward_shapes
+from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
+
+# A recompute plan must save at least one MLAS convolution buffer per thread (16384 floats):
+# recomputed convolutions in backward can need a buffer region of that size of their own, so
+# a smaller predicted saving may turn into a measured loss (seen on small 1-D CNNs).
+MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD = MLAS_CONV_BUFFER_FLOATS_PER_THREAD * 4
+
+
+def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
+    """Plan recompute with the export's planner and write the plan into the training graph;
+    returns how many tensors backward recomputes."""
+    planner, plan = ctx.options.recompute, ctx.plan
+    if planner == "budget":
+        first = ctx.predict(graphs)
+        if not first.complete:
+            raise ValueError(f"--recompute budget plans by the static prediction, and the "
+                             f"predictor {first.caveat()}. Use --recompute sqrt, or find a "
+                             "micro-batch that fits with `edgetrain fit` (capped runs). Nothing "
+                             "was written.")
+    graphs.write(ctx.folder, side=False)  # the eval graph's shapes, evaluated by ORT
+    try:
+        known = forward_shapes(str(ctx.folder / FILES[names.EVAL_MODEL]), plan.micro_batch)
+    except Exception:  # noqa: BLE001 - shapes then come from ONNX inference alone
+        known = None
+    judge = ctx.predicted_peak_as_shipped if planner == "budget" else ctx.predicted_peak
+
+    def peak_of(training):
+        return judge(dataclasses.replace(graphs, training=training))
+
+    rplan, graphs.training = plan_and_rewrite(
+        graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,
+        predict_model_peak=peak_of, known_shapes=known,
+        min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads)
+    ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
+                                   recomputed=rplan.recomputed, recompute_note=rplan.note)
+    return len(rplan.recomputed)
+
+
+PASS = Pass("recompute", "training", write_recompute_plan, option="recompute sqrt or budget",
+            when=lambda ctx: ctx.options.recompute != "none")

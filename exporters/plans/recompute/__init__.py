@@ -1,0 +1,96 @@
+"""Recompute (gradient checkpointing) written into ORT's training graph.
+
+ORT's own memory optimizer does nothing on on-device artifacts, so the exporter rewrites the
+training graph itself. A plan names *checkpoints*: forward tensors that cut the graph in two,
+which backward keeps. The forward nodes between two checkpoints form a segment. Every tensor
+of a segment that backward needs (other than the segment's checkpoints) is *recomputed*: the
+segment's nodes are copied, the copies start from the segment's input checkpoint, and the
+backward consumers read the copies. The original forward tensors then die as soon as the
+forward pass no longer needs them.
+
+  analysis.py       the forward graph, cut points, segments
+  planners.py       PLANNERS: none, sqrt, budget
+  segment_model.py  bytes and FLOPs of a plan; exact search for the budget planner
+  rewrite.py        the plan written into the graph
+  remat.py          masked layers' dense weights rebuilt in backward
+This module: plan_and_rewrite, the one call the exporter's recompute pass makes
+(exporters/passes/recompute.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import onnx
+
+from exporters.predictor.cost import node_costs
+from exporters.passes.graph import without_identities
+from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
+from exporters.plans.recompute.analysis import Forward, RecomputePlan, analyse, recomputed_tensors, segments
+from exporters.plans.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak, headroom_bytes,
+                                          make_plan, plan_forward)
+from exporters.plans.recompute.remat import rematerialize_masked_weights
+from exporters.plans.recompute.rewrite import apply
+from exporters.plans.recompute.segment_model import SegmentModel
+
+__all__ = ["PLANNERS", "Forward", "PlanRequest", "RecomputePlan", "SegmentModel", "analyse",
+           "apply", "budget_for_peak", "headroom_bytes", "make_plan", "plan_and_rewrite",
+           "plan_forward", "recomputed_tensors", "rematerialize_masked_weights", "segments"]
+
+
+def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
+                     budget_bytes: int | None = None,
+                     predict_model_peak: Callable[[onnx.ModelProto], int | None] | None = None,
+                     known_shapes: Shapes | None = None,
+                     min_saving_bytes: int = 0) -> tuple[RecomputePlan, onnx.ModelProto]:
+    """Plan recompute for the training graph `original`; returns the plan and the graph with
+    it written in (`original` itself when the plan rewrites nothing; never changed).
+
+    Both work on the graph as ORT runs it (Identity nodes removed), so names match.
+    batch: the micro-batch the plan is for (tensor sizes). predict_model_peak(graph): the
+    predicted peak bytes of the artifact with that training graph, None when the predictor
+    cannot predict it (the budget planner checks its candidates by it; the sqrt planner keeps
+    no checkpoints when they do not lower it by at least min_saving_bytes). known_shapes:
+    tensor shapes found by evaluating the forward graph."""
+    model, renamed = without_identities(original)
+    fwd = analyse(model)
+
+    def write(checkpoints: tuple[str, ...]) -> tuple[RecomputePlan, onnx.ModelProto]:
+        plan = RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
+        if planner == "none":  # the graph stays exactly as ORT's artifact builder wrote it
+            return plan, original
+        rewritten = apply(model, plan, renamed)
+        weights = rematerialize_masked_weights(rewritten)
+        return (dataclasses.replace(plan, recomputed=plan.recomputed + weights),
+                rewritten if plan.recomputed or weights else original)
+
+    if planner == "budget" and predict_model_peak is None:
+        raise ValueError("the budget planner needs the artifact's predictor")
+
+    def predict_peak(checkpoints: tuple[str, ...]) -> int:
+        return predict_model_peak(write(checkpoints)[1])
+
+    req = PlanRequest(budget_bytes=budget_bytes)
+    if planner != "none":
+        req = PlanRequest(
+            budget_bytes=budget_bytes,
+            tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
+                                                                 known_shapes).items()},
+            node_flops={name: f for name, _, f, _ in node_costs(model, batch)},
+            predict_peak=predict_peak if predict_model_peak else None)
+    plan = plan_forward(fwd, planner, req)
+    if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
+        with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
+        if with_plan is None or without is None:
+            note = ("no checkpoints: the predictor cannot predict this graph's peak, so "
+                    "it cannot confirm that the sqrt plan lowers it (on attention graphs "
+                    "it can raise it); `edgetrain measure` an export with and without")
+            plan, graph = write(())
+            return dataclasses.replace(plan, note=note), graph
+        if without - with_plan < min_saving_bytes:
+            note = (f"no checkpoints: the sqrt plan's predicted peak ({with_plan:,} bytes) "
+                    f"is not at least {min_saving_bytes:,} bytes below keeping every "
+                    f"tensor ({without:,} bytes)")
+            plan, graph = write(())
+            return dataclasses.replace(plan, note=note), graph
+    return write(plan.checkpoints)

@@ -1,0 +1,83 @@
+"""Masked layers' dense weights rebuilt in backward instead of kept from the forward pass.
+
+A sparse layer scatters its kept values into a dense weight (exporters/plans/sparse.py). Backward
+reads that weight (ConvGrad needs it for the input gradient), so ORT keeps every layer's dense
+weight from the forward pass to the backward pass: the whole dense model's bytes at once. Here
+each late reader (a backward node or a recompute copy) gets its own copy of the scatter chain,
+started from PassThrough(values, positions, g) with g a late input of that reader: the copy
+runs just before it is read, and the forward weight dies after its forward use. Whatever
+else the chain computes from values and positions is rebuilt the same way (the scatter reads
+the int32 positions themselves: exporters.passes.scatterindices).
+"""
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from edgetrain import names
+from exporters.passes.graph import ancestors, declare_like, ensure_ms_domain, is_backward
+
+
+def rematerialize_masked_weights(m: onnx.ModelProto,
+                                 suffixes: tuple[str, ...] = (names.MASK_VALUES_SUFFIX,
+                                                              names.MASK_POSITIONS_SUFFIX)
+                                 ) -> tuple[str, ...]:
+    """Rewrite `m` in place so late readers rebuild masked weights; returns the tensors now
+    rebuilt."""
+    nodes = list(m.graph.node)
+    graph_inputs = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
+    fed = {i.name for i in m.graph.input}  # trainable values, frozen positions (not constants)
+    producer = {o: n for n in nodes for o in n.output if o}
+    late_nodes = [n for n in nodes if is_backward(n) or names.is_recompute_name(n.name)
+                  or n.op_type == "PassThrough"]
+    late = {o for n in late_nodes for o in n.output if o}
+    late_names = {n.name for n in late_nodes}
+
+    def chain(t: str) -> list | None:
+        """Nodes that build t from graph inputs alone (None if it depends on the data)."""
+        found = ancestors([t], nodes, stop=lambda n: n.name in late_names
+                          or names.INPUT_NAME in n.input)
+        if found is None:
+            return None
+        made = {o for n in found for o in n.output}
+        if any(x and x not in made and x not in graph_inputs for n in found for x in n.input):
+            return None
+        return found
+
+    rebuilt: list[str] = []
+    new_nodes: list = []
+    for k, reader in enumerate(late_nodes):
+        order = next((x for x in reader.input if x in late), None)
+        for j, t in enumerate(reader.input):
+            if t in late or t in graph_inputs or t not in producer or order is None:
+                continue
+            nodes_t = chain(t)
+            if not nodes_t or not any(x.endswith(suffixes) for n in nodes_t for x in n.input):
+                continue
+            sources = sorted({x for n in nodes_t for x in n.input if x in fed})
+            p = f"remat.{k}.{j}"
+            alias = [f"{p}.{s}" for s in sources]
+            new_nodes.append(helper.make_node("PassThrough", [*sources, order],
+                                              [*alias, f"{p}.after"], name=f"{p}.pass_through",
+                                              domain="com.microsoft"))
+            local = dict(zip(sources, alias))
+            for n in nodes_t:
+                if not n.input:  # Constant nodes: nothing to order, reuse
+                    continue
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.name = f"{n.name}_{p}"
+                for i, x in enumerate(c.input):
+                    c.input[i] = local.get(x, x)
+                for i, o in enumerate(c.output):
+                    if o:
+                        local[o] = c.output[i] = f"{o}_{p}"
+                new_nodes.append(c)
+            reader.input[j] = local[t]
+            rebuilt.append(t)
+    if new_nodes:
+        ensure_ms_domain(m)
+        m.graph.node.extend(new_nodes)
+        declare_like(m, new_nodes, lambda n, k, o: n.input[k] if n.op_type == "PassThrough"
+                     else o.rsplit("_remat.", 1)[0])
+    return tuple(dict.fromkeys(rebuilt))

@@ -1,5 +1,5 @@
-"""The gradient rewrites of exporters/passes/gradkernels.py, node by node: ORT's own gradient kernel
-against the rewrite, on the tensor shapes of MobileNetV1 at 224 x 224 (C5's network).
+"""The gradient rewrites of exporters/passes/relugrad.py and depthwisegrad.py, node by node:
+ORT's own gradient kernel against the rewrite, on the tensor shapes of MobileNetV1 at 224 x 224 (C5's network).
 
     .venv/bin/python bench/gradkernels.py      # ~1 min on 2 cores
 

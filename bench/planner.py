@@ -37,11 +37,12 @@ SHORT_STEP_S, SHORT_STEPS = 0.2, 21  # as bench/eager_race.py: short steps need 
 
 
 def export(out: Path, network: str, sparse: bool, recompute: str, micro_batch: int,
-           accumulation: int, update: str = "all") -> Path:
+           accumulation: int, update: str = "all", target: str = "host") -> Path:
+    """An untrained export for `target` (host: this machine's kernels, the simulator's)."""
     run("export", "--model", network, "--width", str(WIDTH), "--epochs", "0",
         "--density", str(DENSITY if sparse else 1.0), "--recompute", recompute,
         "--micro-batch", str(micro_batch), "--accumulate", str(accumulation),
-        "--update", update, "--out", str(out), "--json")
+        "--update", update, "--target", target, "--out", str(out), "--json")
     return out
 
 

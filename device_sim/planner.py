@@ -25,7 +25,7 @@ from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
 from exporters.predictor.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
-from exporters.passes.graph import attributes, load_graph
+from exporters.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
 from edgetrain import names
 

@@ -54,8 +54,8 @@ class Plan:
     # frozen weights stored in 8 bits (exporters/plans/quantize.py): PyTorch names; each is held as
     # `<name>_int8` and `<name>_scale` and rebuilt by a DequantizeLinear node
     frozen_int8: tuple[str, ...] = ()
-    # masked weights' gradients (exporters/passes/sparsegrad.py): "dense", ORT's dense dW read at the
-    # kept positions; "kept": computed at the kept positions only, where the layer allows
+    # masked weights' gradients (exporters/passes/sparsegrad.py): "dense", ORT's dense dW read
+    # at the kept positions; "kept": computed at the kept positions only, where the layer allows
     weight_grad: str = "dense"
     # channels a block of ORT's NCHWc kernels holds on the exporting machine, when the
     # training graph's depthwise convolutions run in them (exporters/passes/nchwc.py); 0: they do
@@ -144,6 +144,8 @@ class Manifest:
                                 "re-export the artifact") from e
 
     def __post_init__(self):
+        for field in ("optimizer", "predicted", "provenance", "dense_weights"):  # free-form:
+            object.__setattr__(self, field, _as_json(getattr(self, field)))  # held as JSON is
         check_patching(self.input.sample_shape, self.input.image_shape, self.plan.patch_size)
         trainable = {t.name: t for t in self.trainable}
         frozen = {t.name: t for t in self.frozen}

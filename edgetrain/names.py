@@ -17,7 +17,8 @@ REQUIRED_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
 MODULE_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)  # the training Module's graphs
 FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
          OPTIMIZER_MODEL: "optimizer_model.onnx", CHECKPOINT: "checkpoint"}
-# Written only when the model has sparse masks / BatchNorm layers (exporters/passes/maskgrad.py, batchnormstats.py).
+# Written only when the model has sparse masks / BatchNorm layers (exporters/passes/maskgrad.py,
+# batchnormstats.py).
 SIDE_FILES = {MASK_GRAD_MODEL: "mask_grad_model.onnx",
               BATCHNORM_STATS_MODEL: "batchnorm_stats_model.onnx"}
 

@@ -3,7 +3,8 @@ same memory cap, their parameter inputs fed from the live checkpoint state (zero
 
   * mask_grad_model: the gradient of each masked layer's dense weight (what RigL grows by);
   * batchnorm_stats_model: every BatchNorm's batch statistics (what RESET averages).
-The exporter writes them (exporters/passes/maskgrad.py, batchnormstats.py); their output names follow edgetrain/names.
+The exporter writes them (exporters/passes/maskgrad.py, batchnormstats.py); their output names
+follow edgetrain/names.
 """
 from __future__ import annotations
 

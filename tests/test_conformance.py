@@ -55,6 +55,16 @@ def case(request, tmp_path_factory):
                            sqrt=measure(arts["sqrt"]))
 
 
+def test_every_variant_manifest_round_trips_in_memory_and_through_json(case):
+    from edgetrain.manifest import Manifest, load_manifest
+
+    for variant, art in case.arts.items():
+        m = load_manifest(art)
+        assert m == case.manifests[variant]
+        assert Manifest.from_dict(m.to_dict()) == m, variant
+        assert Manifest.from_dict(json.loads(json.dumps(m.to_dict()))) == m, variant
+
+
 def test_one_ort_step_equals_torch(case):
     """Loss and every gradient of one training step at the plan's batch."""
     x, y = case.x[:BATCH], case.y[:BATCH]

@@ -112,7 +112,7 @@ def test_graph_view_has_one_box_per_block_and_its_labels_sum_to_the_activations(
 
     import numpy as np
 
-    from exporters.passes.graph import load_graph, without_identities
+    from exporters.graph import load_graph, without_identities
     from exporters.views.graphview import block_of, write_graph_svg
     from exporters.predictor import predict_manifest
     from exporters.predictor.shapes import runtime_shapes

@@ -173,3 +173,15 @@ def test_the_command_and_the_api_export_the_same_artifact(tmp_path):
     for key in ("plan", "trainable", "frozen", "predicted", "masks", "optimizer"):
         assert cli[key] == api[key], key
     assert cli["provenance"]["passes"] == api["provenance"]["passes"]
+
+
+def test_modules_moved_by_the_grouping_import_under_their_old_names():
+    import exporters.models.networks
+    import exporters.plans.recompute.planners
+    from exporters.networks import build_network
+    from exporters.recompute.planners import PLANNERS
+
+    assert build_network is exporters.models.networks.build_network
+    assert PLANNERS is exporters.plans.recompute.planners.PLANNERS
+    top = sorted(p.name for p in (ROOT / "exporters").iterdir() if p.name != "__pycache__")
+    assert len(top) <= 8, top

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
-from exporters.passes.graph import execution_order
+from exporters.graph import execution_order
 from exporters.passes.pointwisegrad import ONE_PRODUCT_MAX_PIXELS, rewrite_pointwise_grads
 from exporters.plans.sparse import sparsify
 

@@ -10,7 +10,7 @@ from edgetrain.manifest import load_manifest
 import pytest
 
 import exporters.predictor as predictor
-from exporters.passes.graph import drop_identities, execution_order
+from exporters.graph import drop_identities, execution_order
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import plan_step
 from exporters.predictor.scratch import scratch_bytes

@@ -11,7 +11,7 @@ from conftest import device_python
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
 from exporters.predictor.cost import node_costs
-from exporters.passes.graph import is_backward, without_identities
+from exporters.graph import is_backward, without_identities
 from exporters.predictor.shapes import nbytes, tensor_shapes
 from exporters.plans.recompute import (PLANNERS, Forward, PlanRequest, SegmentModel,
                                  analyse, budget_for_peak, headroom_bytes, make_plan)

@@ -79,3 +79,25 @@ def test_a_manifest_naming_an_unknown_target_is_refused(tmp_path):
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(ArtifactError, match="plan.target"):
         load_manifest(tmp_path / "a")
+
+
+@pytest.mark.parametrize("network", ["imu_cnn", "imu_transformer", "mobilenet_v1",
+                                     "patch_mobilenet", "resnet50"])
+def test_every_built_in_network_exports_portable_and_round_trips(tmp_path, network):
+    """Issue 39: the portable export of each built-in network (untrained, a narrow width)
+    uses only the portable target's operator domains, and its manifest round-trips in memory
+    and through JSON."""
+    from edgetrain.manifest import Manifest
+    from exporters.export import ExportOptions
+    from exporters.models.pretrain import PretrainConfig, export_named
+
+    width = 0.25 if network in ("mobilenet_v1", "patch_mobilenet", "resnet50") else None
+    m = export_named(PretrainConfig(model=network, epochs=0, width=width), tmp_path / "a",
+                     ExportOptions(plan=Plan(micro_batch=2)), cache_dir=None,
+                     show_progress=False)
+    files = {r: e.path for r, e in m.files.items()}
+    assert m.plan.target == "portable" and m.plan.nchwc_block == 0
+    assert graph_domains(tmp_path / "a", files) <= TARGETS["portable"].domains
+    assert NCHWC_DOMAIN not in domains(tmp_path / "a")
+    assert Manifest.from_dict(m.to_dict()) == m == load_manifest(tmp_path / "a")
+    assert Manifest.from_dict(json.loads(json.dumps(m.to_dict()))) == m

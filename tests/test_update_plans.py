@@ -169,7 +169,7 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
     from types import SimpleNamespace
 
     from edgetrain.budget import BudgetError
-    from exporters.plans.updatesearch import candidate_plans, search
+    from exporters.plans.updatesearch import UpdateScore, candidate_plans, search
 
     assert candidate_plans(5) == ["head", "bias", "bias,head", "last:2", "last:3", "last:4",
                                   "bias,last:2", "bias,last:3", "bias,last:4", "all"]
@@ -182,14 +182,15 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
         return SimpleNamespace(trainable=[SimpleNamespace(name=same)], trainable_bytes=1,
                                predicted={"peak_bytes": peaks[same], "complete": True})
 
-    r = search(export_one, 5, 295, lambda names: gains.get(names, 0.0), (1, 2))
+    r = search(export_one, 5, 295, UpdateScore(lambda names: gains.get(names, 0.0), (1, 2)))
     assert r.chosen == "last:2"  # 2.5 ties last:3; the smaller peak wins; bias (9.0) is over
     # plans that train the same tensors count once (the first name kept)
     assert [c.update for c in r.candidates] == ["head", "bias", "bias,head", "last:2",
                                                 "last:3", "last:4", "bias,last:2"]
     assert {c.update: c.fits for c in r.candidates}["bias"] is False
+    assert r.inner_users == (1, 2)
     with pytest.raises(BudgetError, match="smallest predicted peak is 100 bytes .plan head"):
-        search(export_one, 5, 99, lambda names: 0.0, (1, 2))
+        search(export_one, 5, 99, UpdateScore(lambda names: 0.0, (1, 2)))
 
 
 def test_export_update_auto_chooses_a_plan_that_fits_and_measures_it(tmp_path):

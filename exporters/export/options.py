@@ -55,7 +55,7 @@ class ExportOptions:
             raise ValueError("update 'auto' chooses what trains for a budget; give "
                              "update_budget_bytes (the CLI: --device or --budget)")
         if self.recompute == "budget" and self.recompute_budget_bytes is None:
-            raise ValueError("recompute 'budget' plans for a budget; give "
+            raise ValueError("recompute 'budget' needs a byte budget: give "
                              "recompute_budget_bytes (the CLI: --device or --budget)")
 
     def replace(self, **changes) -> ExportOptions:

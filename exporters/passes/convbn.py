@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from exporters.passes.graph import ancestors, stated_shapes
+from exporters.graph import ancestors, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 FOLDED_SUFFIX = "_bnfold"

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from exporters.passes.graph import attributes
+from exporters.graph import attributes
 from exporters.passes.pipeline import Context, Graphs, Pass
 from exporters.predictor.shapes import tensor_shapes
 

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from exporters.passes.graph import attributes, stated_shapes
+from exporters.graph import attributes, stated_shapes
 from exporters.passes.relugrad import REWRITTEN_SUFFIX
 from exporters.passes.pipeline import Context, Graphs, Pass
 

@@ -13,7 +13,7 @@ import onnx
 
 from edgetrain import names
 from edgetrain.manifest import MaskSpec
-from exporters.passes.graph import ancestors
+from exporters.graph import ancestors
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 

@@ -40,7 +40,7 @@ from onnx import helper
 
 from edgetrain.names import NCHWC_DOMAIN
 from edgetrain.nchwcprobe import nchwc_block
-from exporters.passes.graph import attributes, int64_constant
+from exporters.graph import attributes, int64_constant
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 SUFFIX = "_nchwc"

@@ -1,5 +1,5 @@
-"""Pass `pointwise_grads_split` (training graph): a pointwise convolution's gradients in two steps, so that a weight built on each call dies
-before its gradient is made.
+"""Pass `pointwise_grads_split` (training graph): a pointwise convolution's gradients in two
+steps, so that a weight built on each call dies before its gradient is made.
 
 ORT's ConvGrad(dY, X, W) -> (dX, dW, dB) makes dW while W is alive: both are live at once.
 For a masked layer W is a dense weight rebuilt from its kept values (exporters/plans/sparse.py,
@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from exporters.passes.graph import ensure_ms_domain, int64_constant, stated_shapes
+from exporters.graph import ensure_ms_domain, int64_constant, stated_shapes
 from exporters.passes.sparsegrad import pointwise_conv_grad
 from exporters.passes.pipeline import Context, Graphs, Pass
 

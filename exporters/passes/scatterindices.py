@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 
 from edgetrain import names
-from exporters.passes.graph import attributes
+from exporters.graph import attributes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 INDEX_READERS = {"ScatterElements": 1, "GatherElements": 1}  # op -> its indices input

@@ -35,7 +35,7 @@ import math
 import onnx
 from onnx import helper
 
-from exporters.passes.graph import attributes, stated_shapes
+from exporters.graph import attributes, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 SPARSE_GRAD_SUFFIX = "_sparsegrad"

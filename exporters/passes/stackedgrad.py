@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 from edgetrain.names import NCHWC_DOMAIN
 from exporters.passes.depthwisegrad import depthwise_stride1
-from exporters.passes.graph import int64_constant, stated_shapes
+from exporters.graph import int64_constant, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 SUFFIX = "_stackedgrad"

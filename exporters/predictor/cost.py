@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from edgetrain import names
-from exporters.passes.graph import attributes, drop_identities, forward_conv_outputs, load_graph
+from exporters.graph import attributes, drop_identities, forward_conv_outputs, load_graph
 from exporters.predictor.shapes import runtime_shapes
 
 ADAMW_FLOPS_PER_VALUE = 12

@@ -6,7 +6,7 @@ shapes ORT knows:
     folding, Transpose+MatMul -> FusedMatMul, ...). ORT writes that graph out when asked
     (`optimized_model_filepath`); its execution order comes from the nodes' in-memory
     indices, where kept nodes keep their place and new ones come after, in creation order,
-    so the nodes are put back in that order (exporters.passes.graph.execution_order then gives
+    so the nodes are put back in that order (exporters.graph.execution_order then gives
     ORT's order; checked against ORT's profiler on 1-D/2-D CNNs and attention graphs).
   * node_arg_shapes: every tensor's shape as ORT's graph holds it, a symbolic dimension by
     its name and an unknown one as None. ORT's planner reuses a buffer only for a tensor of

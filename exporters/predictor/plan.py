@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgetrain.sessions import TRAINING_MEMORY_REUSE
-from exporters.passes.graph import ALIAS_OPS, drop_identities, execution_order
+from exporters.graph import ALIAS_OPS, drop_identities, execution_order
 from exporters.predictor.ortgraph import SymbolicShapes, node_arg_shapes, optimized_graph
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgetrain.budget import arena_rounded
 from edgetrain.names import NCHWC_DOMAIN
-from exporters.passes.graph import CONV_OPS, attributes, drop_identities
+from exporters.graph import CONV_OPS, attributes, drop_identities
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import StepPlan
 from exporters.predictor.shapes import Shapes, runtime_shapes

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from exporters.views.activationparts import ActivationParts, activation_parts
-from exporters.passes.graph import load_graph, without_identities
+from exporters.graph import load_graph, without_identities
 from exporters.predictor.shapes import runtime_shapes
 from exporters.plans.recompute import analyse
 

@@ -24,11 +24,12 @@ from typing import Callable
 import onnx
 
 from exporters.predictor.cost import node_costs
-from exporters.passes.graph import without_identities
+from exporters.graph import without_identities
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
-from exporters.plans.recompute.analysis import Forward, RecomputePlan, analyse, recomputed_tensors, segments
-from exporters.plans.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak, headroom_bytes,
-                                          make_plan, plan_forward)
+from exporters.plans.recompute.analysis import (Forward, RecomputePlan, analyse,
+                                                recomputed_tensors, segments)
+from exporters.plans.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak,
+                                                headroom_bytes, make_plan, plan_forward)
 from exporters.plans.recompute.remat import rematerialize_masked_weights
 from exporters.plans.recompute.rewrite import apply
 from exporters.plans.recompute.segment_model import SegmentModel

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import onnx
 
 from edgetrain import names
-from exporters.passes.graph import execution_order, is_backward
+from exporters.graph import execution_order, is_backward
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from edgetrain import names
-from exporters.passes.graph import ancestors, declare_like, ensure_ms_domain, is_backward
+from exporters.graph import ancestors, declare_like, ensure_ms_domain, is_backward
 
 
 def rematerialize_masked_weights(m: onnx.ModelProto,

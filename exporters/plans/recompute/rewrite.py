@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 
 from edgetrain import names
-from exporters.passes.graph import ancestors, declare_like, ensure_ms_domain, is_backward
+from exporters.graph import ancestors, declare_like, ensure_ms_domain, is_backward
 from exporters.plans.recompute.analysis import RecomputePlan, analyse, segments
 
 

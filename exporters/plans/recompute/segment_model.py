@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-from exporters.passes.graph import ancestors
+from exporters.graph import ancestors
 from exporters.plans.recompute.analysis import Forward
 
 if TYPE_CHECKING:  # planners.py imports this module

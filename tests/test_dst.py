@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgetrain import data
+from edgetrain import data, datasets
 from edgetrain.masks import UPDATERS
 from exporters.models.dst import DstConfig, TorchMasks
 from exporters.plans.sparse import dense_weight, layer_nnz, sparsify
@@ -233,7 +233,9 @@ def test_pretraining_cache_round_trip_leaves_no_temporaries(tmp_path, monkeypatc
     recs = data.Recordings(x=[rng.standard_normal((400, 6)) for _ in range(4)],
                            y=np.array([0, 1, 0, 1]), subject=np.array([1, 1, 10, 10]),
                            side=np.array([0, 1, 0, 1]), classes=("a", "b"))
-    monkeypatch.setattr(data, "load_recordings", lambda: recs)
+    # the tiny recordings above stand in for the data set (datasets.recordings caches the
+    # real ones per process, so patching the loader beneath it would pretrain on those)
+    monkeypatch.setattr(datasets, "recordings", lambda name: recs)
     cfg = PretrainConfig(model="patch_mobilenet", width=0.25, epochs=1, batch=4)
     first, s1 = pretrain(cfg, tmp_path, show_progress=False)
     second, s2 = pretrain(cfg, tmp_path, show_progress=False)

@@ -159,6 +159,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
             plan=Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
                       dense_build=dense_build, weight_grad=weight_grad),
             lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
+            recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
             mask_init=mask_init, int8_frozen=int8_frozen, nchwc=nchwc,
             target=target or (PROFILES[device].target if device else None))
 

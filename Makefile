@@ -65,7 +65,7 @@ demo: setup
 	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE) --adapt auto
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 # every command block of README.md and docs/quickstart.md, run in a fresh clone with the
 # README's quick settings (part of `make test` too)

@@ -15,8 +15,6 @@ from device_sim.fleettask import OUTCOME_KEYS, result_path
 from device_sim.synthusers import SYNTHETIC_BASE, rotation, synthetic_recordings
 from edgetrain import data
 
-# Ray clusters: one test process at a time runs them (make test's -n 2, --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
 

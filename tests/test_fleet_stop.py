@@ -14,8 +14,6 @@ import pytest
 from conftest import ROOT
 from test_fleet import imu_artifact  # noqa: F401
 
-# Ray clusters: one test process at a time runs them (make test's -n 2, --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 def fleet(spec, out) -> subprocess.Popen:

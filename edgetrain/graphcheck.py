@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgetrain.onnxscan import GraphOutline, MalformedOnnx, Node, external_data, outline
-from edgetrain.operators import WINDOW_ATTRIBUTES, allowed
+from edgetrain.operators import OPERATOR_ATTRIBUTES, WINDOW_ATTRIBUTES, allowed
 from edgetrain.specs import ArtifactError
 
 # The largest tensor a graph may make from its constants alone, counted at 4 bytes an
@@ -78,7 +78,8 @@ def _check_node(role: str, path: Path, node: Node, consts: dict) -> None:
     if not allowed(node.domain, node.op_type):
         _refuse(role, path, node, "is not on the device's list of operators "
                 "(edgetrain/operators.py)")
-    for key, (lo, hi) in WINDOW_ATTRIBUTES.items():
+    limits = {**WINDOW_ATTRIBUTES, **OPERATOR_ATTRIBUTES.get(node.op_type, {})}
+    for key, (lo, hi) in limits.items():
         bad = [v for v in node.ints.get(key, ()) if not lo <= v <= hi]
         if bad:
             _refuse(role, path, node, f"sets {key} to {list(node.ints[key])[:8]}; each value "

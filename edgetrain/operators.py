@@ -71,6 +71,11 @@ ALLOWED: dict[str, frozenset[str]] = {"": STANDARD | STANDARD_GRADIENTS,
 # kernel or stride divides by zero in some kernels; a huge one only wastes the device).
 WINDOW_ATTRIBUTES = {"kernel_shape": (1, 1 << 16), "strides": (1, 1 << 16),
                      "dilations": (1, 1 << 16), "pads": (0, 1 << 16), "group": (1, 1 << 20)}
+# Where an attribute is not a window: MaxUnpool's kernel sets the length of the flat tensor it
+# writes (the exporter's dense-weight builds: a masked weight's element count less its kept
+# values plus one, exporters/passes/densebuild.py; 2.3 million for a ResNet-50 layer at density
+# 0.1), so it is bounded as a tensor made from constants is: 256 MiB of float32.
+OPERATOR_ATTRIBUTES = {"MaxUnpool": {"kernel_shape": (1, 1 << 26)}}
 
 
 def allowed(domain: str, op_type: str) -> bool:

@@ -133,3 +133,22 @@ def test_manifests_written_before_say_scatter(tmp_path):
     with pytest.raises(ValueError, match="dense build 'gather'"):
         export_artifact(_SmallNet(), torch.zeros(2, 3, 10, 10), tmp_path / "b",
                         classes=list("abcd"), plan=Plan(dense_build="gather"))
+
+
+def test_a_layer_larger_than_any_window_exports_with_its_unpool(tmp_path):
+    """A masked weight of 131,072 values at density 0.1 is rebuilt by a MaxUnpool whose
+    kernel is about 118 thousand long: the device's graph check bounds MaxUnpool's kernel as
+    the tensor it writes (256 MiB), not as a pooling window (65,536), so the export (which
+    runs that check on every graph it writes) succeeds and the step runs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 3))
+    m = export_artifact(model, torch.zeros(2, 512), tmp_path / "a", classes=["a", "b", "c"],
+                        plan=Plan(micro_batch=2), density=0.1, mask_allocation="uniform")
+    train = onnx.load(str(tmp_path / "a" / "training_model.onnx"))
+    kernels = [a.ints[0] for n in train.graph.node if n.op_type == "MaxUnpool"
+               for a in n.attribute if a.name == "kernel_shape"]
+    assert max(kernels) > 1 << 16 and m.provenance["passes"]["dense_builds"] >= 1
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    assert np.isfinite(device_gradients(tmp_path / "a", x, np.array([0, 1]))["loss"])

@@ -99,6 +99,15 @@ def zero_range_step(m):
                     helper.make_node("Cast", ["h_r"], ["h_rf"], to=TensorProto.FLOAT)], "h_rf")
 
 
+def huge_unpool(m):
+    """MaxUnpool's kernel sets its output's length: bounded as a constant-made tensor is."""
+    add_to_loss(m, [helper.make_node("Constant", [], ["h_x"], value=helper.make_tensor(
+        "x", TensorProto.FLOAT, [1, 1, 1], [1.0])),
+        helper.make_node("Constant", [], ["h_i"], value=helper.make_tensor(
+            "i", TensorProto.INT64, [1, 1, 1], [0])),
+        helper.make_node("MaxUnpool", ["h_x", "h_i"], ["h_y"], kernel_shape=[1 << 30])], "h_y")
+
+
 def local_function(m):
     m.functions.append(helper.make_function("evil.ops", "Nothing", ["x"], ["y"],
                                             [helper.make_node("Identity", ["x"], ["y"])],
@@ -114,6 +123,7 @@ def local_function(m):
     (zero_stride, "sets strides to [0"),
     (zero_range_step, "Range) counts with a step of 0"),
     (local_function, "defines 1 local function(s)"),
+    (huge_unpool, "sets kernel_shape to [1073741824]; each value must lie in [1, 67108864]"),
 ])
 def test_a_graph_that_would_do_more_than_the_exporters_is_refused(art, saved, change,  # noqa: F811
                                                                   message):

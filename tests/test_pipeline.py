@@ -135,14 +135,13 @@ def test_every_export_option_of_the_command_exists_in_python():
         assert name in FIELDS or name in plan_fields or name in cfg_fields, param.name
 
 
-@pytest.mark.parametrize("update", ["auto"])
-def test_update_auto_is_an_option_of_the_python_api(tmp_path, update):
+def test_update_auto_is_an_option_of_the_python_api(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv1d(3, 8, 3), torch.nn.ReLU(),
                                 torch.nn.Conv1d(8, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                                 torch.nn.Linear(8 * 16, 2))
     m = export_artifact(model, torch.zeros(2, 3, 20), tmp_path / "art", classes=["a", "b"],
-                        options=ExportOptions(plan=Plan(micro_batch=2), update=update,
+                        options=ExportOptions(plan=Plan(micro_batch=2), update="auto",
                                               update_budget_bytes=64 << 20))
     search = m.provenance["update_search"]
     assert search["chosen"] == m.plan.update != "auto" and search["score"].startswith("share")

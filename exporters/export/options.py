@@ -5,7 +5,7 @@ model of one's own; `exporters.models.pretrain.export_named(cfg, out, options)` 
 network (what `edgetrain export` runs). Every option of the command exists here under the
 same name (`--update auto --budget 64MiB` is `update="auto", update_budget_bytes=64 << 20`);
 `--device P` is its profile's budget and target (device_sim/profiles.py), which the command
-resolves to these fields. `to_dict()` is what the manifest's provenance records.
+resolves to these fields.
 """
 from __future__ import annotations
 
@@ -60,12 +60,6 @@ class ExportOptions:
 
     def replace(self, **changes) -> ExportOptions:
         return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["plan"] = self.plan.to_dict() if hasattr(self.plan, "to_dict") else d["plan"]
-        d["trainable"] = list(self.trainable) if self.trainable is not None else None
-        return d
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ExportOptions))

@@ -116,7 +116,6 @@ class Context:
     int8: bool = False
     planning_budget_bytes: int | None = None
     remaining: tuple[Pass, ...] = ()
-    notes: dict = dataclasses.field(default_factory=dict)
 
     def predict(self, graphs: Graphs):
         """The static prediction for the training and eval graphs as they stand."""
@@ -133,7 +132,7 @@ class Context:
         graphs) ran on a copy of `graphs`."""
         shipped = graphs.copy()
         later = tuple(p for p in self.remaining if p.graph in ("training", "eval"))
-        run_passes(later, shipped, dataclasses.replace(self, plan=self.plan, notes={}))
+        run_passes(later, shipped, dataclasses.replace(self))
         return self.predicted_peak(shipped)
 
 

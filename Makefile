@@ -21,7 +21,7 @@ BATCH  ?= auto
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
 
-.PHONY: setup venv-check demo test check-readme bench clean
+.PHONY: setup venv-check demo test test-slow check-readme bench clean
 
 setup: venv-check $(VENV)/.installed
 
@@ -64,11 +64,17 @@ demo: setup
 	$(PY) bench/personalise_context.py --dataset $(DATASET) --device $(DEVICE) --model $(MODEL) && \
 	$(ET) measure artifacts/$(MODEL) --batch $$B --device $(DEVICE) --adapt auto
 
+# The default tier: every test not marked slow (under 10 minutes on 2 cores).
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+# The end-to-end tier (tests marked slow: the docs run in fresh clones, kill storms, fleets,
+# plan searches, the seed networks' gradients); CI runs it after `make test` (.ci/run).
+test-slow: setup
+	$(PY) -m pytest -m slow
 
 # every command block of README.md and docs/quickstart.md, run in a fresh clone with the
-# README's quick settings (part of `make test` too)
+# README's quick settings (part of `make test-slow`)
 check-readme: setup
 	$(PY) -m pytest -q tests/test_docs_run.py
 

@@ -27,6 +27,7 @@ def setup(tiny_artifact, tmp_path_factory) -> dict:
             "peak16": json.loads(p.stdout)["peak_bytes"]}
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fraction=st.floats(0.0, 1.5), batch=st.integers(1, 16))

@@ -66,6 +66,7 @@ def test_docs_name_their_quick_settings():
         assert f"{name}={value}" in readme or f"{name}='{value}'" in readme, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_block_runs_in_a_fresh_clone(tmp_path, doc):
     venv = Path(sys.prefix)

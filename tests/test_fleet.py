@@ -52,6 +52,7 @@ def _outcomes(records: list[dict]) -> dict:
     return {(r["user"], r["device"]): {k: r.get(k) for k in OUTCOME_KEYS} for r in records}
 
 
+@pytest.mark.slow
 def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster

@@ -23,6 +23,7 @@ def fleet(spec, out) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_the_fleet_and_the_same_command_finishes_it(imu_artifact, tmp_path,  # noqa: F811
                                                                    sig, code):

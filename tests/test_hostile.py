@@ -96,6 +96,7 @@ def peak_rss(artifact, data: Path, out: Path, *extra: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_process_memory_outside_the_cap_does_not_grow_with_the_data(tiny_artifact, tmp_path):
     """100,000 windows (74 MiB as float32) in a compressed .npz under a 12 MiB budget: the
     process's peak RSS above its size once the libraries are loaded stays within the budget plus

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -82,6 +84,7 @@ class MyImuCnn(torch.nn.Sequential):
 '''
 
 
+@pytest.mark.slow
 def test_byoms_raw_imu_example_takes_user_and_refuses_its_population(tmp_path):
     """docs/byom.md's own-model example with imu_window: it exports, prints its summary, and
     the artifact personalises --user 10 and refuses a user it learned from."""

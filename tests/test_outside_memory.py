@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import ROOT, tiny_data
 from test_bad_input import art, saved  # noqa: F401
@@ -29,6 +30,7 @@ def above_loaded(artifact, data, out, *extra) -> tuple[int, subprocess.Completed
     return rss["peak"] - rss["base"], p
 
 
+@pytest.mark.slow
 def test_a_hundred_mask_updates_with_selection_stay_within_the_bound(sparse_artifact,  # noqa: F811
                                                                     tmp_path):
     windows = 400

@@ -148,6 +148,7 @@ def test_update_auto_is_an_option_of_the_python_api(tmp_path):
     assert m.plan.update == "all"  # everything fits 64 MiB: the most that fits wins
 
 
+@pytest.mark.slow
 def test_the_command_and_the_api_export_the_same_artifact(tmp_path):
     """`edgetrain export` with a set of options, and export_named with the ExportOptions of
     the same values: every file ORT reads is the same, and so is the plan."""

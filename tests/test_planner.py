@@ -96,6 +96,7 @@ def test_cli_write_without_a_plan_exits_3_and_writes_nothing(art, tmp_path):
     assert (mine / "manifest.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
     """export --plan auto plans the artifact and its recompute-sqrt twin, keeps the faster
     confirmed one with its plan written, and leaves no twin folder behind."""
@@ -136,6 +137,7 @@ def test_export_plan_auto_writes_the_fastest_confirmed_variant(tmp_path):
     assert bad.returncode == 2  # and --plan-update needs --plan auto
 
 
+@pytest.mark.slow
 def test_export_plan_auto_searches_density_too(tmp_path):
     """--plan-density adds a sparse twin to the search, and --plan-weight-grad kept its
     kept-gradients twin: every variant is planned and its outcome recorded, and the artifact

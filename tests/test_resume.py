@@ -111,6 +111,7 @@ def test_sigterm_or_sigint_writes_a_resume_point_and_resume_finishes_bit_identic
         np.testing.assert_array_equal(np.array(got[k]), np.array(want[k]), err_msg=k)
 
 
+@pytest.mark.slow
 def test_twenty_kills_at_random_moments_lose_nothing(tiny_artifact, data_files, uninterrupted,
                                                      tmp_path):
     """SIGKILL at >= 20 random points, a third of them inside checkpoint writes: every resume
@@ -206,6 +207,7 @@ def test_latest_skips_a_tampered_point_and_refuses_when_none_is_intact(tiny_arti
         resume.latest(out)
 
 
+@pytest.mark.slow
 def test_resume_keeps_masks_and_the_mask_update_schedule(data_files, tmp_path):
     """A sparse run with SET mask updates (random regrowth): the resumed run replays the same
     mask updates from the saved generator state and ends with the same masks and weights."""

@@ -82,7 +82,8 @@ def test_a_manifest_naming_an_unknown_target_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("network", ["imu_cnn", "imu_transformer", "mobilenet_v1",
-                                     "patch_mobilenet", "resnet50"])
+                                     "patch_mobilenet",
+                                     pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_every_built_in_network_exports_portable_and_round_trips(tmp_path, network):
     """Issue 39: the portable export of each built-in network (untrained, a narrow width)
     uses only the portable target's operator domains, and its manifest round-trips in memory

@@ -193,6 +193,7 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
         search(export_one, 5, 99, UpdateScore(lambda names: 0.0, (1, 2)))
 
 
+@pytest.mark.slow
 def test_export_update_auto_chooses_a_plan_that_fits_and_measures_it(tmp_path):
     p = cli("export", "--model", "imu_cnn", "--epochs", "1", "--update", "auto", "--budget",
             "1.2MiB", "--out", tmp_path / "art", "--json")

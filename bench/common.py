@@ -3,7 +3,10 @@ results written as JSON under bench/results/, and tables replaced between marker
 """
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +52,14 @@ def step_table(rows: list[dict], first: str, second: str, heads: tuple[str, str,
                      f"{r['accumulation']} | {r[first]:.3f} s | {r[second]:.3f} s | "
                      f"{r[first] / r[second]:.2f} |")
     return lines
+
+
+def stamp() -> dict:
+    """Where a result was measured: the commit, the date and the machine."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"commit": commit, "date": datetime.date.today().isoformat(),
+            "machine": f"{cpu}, {os.cpu_count()} cores"}

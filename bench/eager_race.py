@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, save_results
+from common import ROOT, replace_table, save_results, stamp
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
 
@@ -73,7 +73,7 @@ def race(c, tmp: Path) -> dict:
             steps, ours = 1 + SHORT_TIMED_STEPS, {t: [] for t in TARGETS}
             continue
         theirs.append(eager_step_s(c, trainable, steps))
-    row = {"config": c.name, "network": c.network, "update": update,
+    row = {**stamp(), "config": c.name, "network": c.network, "update": update,
            "micro_batch": c.micro_batch, "accumulation": c.accumulation,
            "timed_steps": steps - 1, "eager_step_s": theirs,
            "eager_median_s": statistics.median(theirs)}
@@ -87,7 +87,14 @@ def race(c, tmp: Path) -> dict:
 
 def report(rows: list[dict]) -> None:
     """Two lines a row: the portable artifact (what a watch runs) and the host one."""
-    lines = ["| row | network | plan | artifact (target) | edgetrain step (median of 3 rounds, "
+    where = {}
+    for r in rows:  # rows raced before rows carried a stamp say so
+        key = (f"commit `{r['commit']}`, {r['date']}, {r['machine']}" if "commit" in r
+               else "a commit not recorded (before the rows carried one)")
+        where.setdefault(key, []).append(r["config"])
+    lines = ["Measured at " + "; ".join(f"{k} ({', '.join(v)})" for k, v in where.items())
+             + "; `bench/eager_race.py`.", "",
+             "| row | network | plan | artifact (target) | edgetrain step (median of 3 rounds, "
              "warm) | PyTorch eager step | edgetrain ÷ eager |", "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
         if "portable_median_s" not in r:  # a race from before both targets were raced

@@ -25,15 +25,12 @@ rows of another commit are measured again unless --keep-old.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import ROOT, run
+from common import ROOT, run, stamp
 
 # every mode adapts BatchNorm statistics first (label-free); labelled modes then train
 MODES = {"label-free": ["--labels-per-class", "0", "--adapt", "bn"],
@@ -74,17 +71,6 @@ def folds(dataset: str) -> tuple[tuple[int, ...], ...]:
     """Held-out users per fold: hapt 5 x 6 users, watch 5 x 2."""
     size, users = (6, 30) if dataset == "hapt" else (2, 10)
     return tuple(tuple(range(lo, lo + size)) for lo in range(1, users + 1, size))
-
-
-def stamp() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    import os
-    return {"commit": commit, "date": datetime.date.today().isoformat(),
-            "machine": f"{cpu}, {os.cpu_count()} cores"}
 
 
 def rows_path(dataset: str, protocol: str, tier: str) -> Path:

@@ -38,11 +38,19 @@ def test_rewrite_matches_relu_grad():
     feed = {"dy": rng.standard_normal(SHAPE).astype(np.float32), "x": x}
     before = _run(_model("y"), feed)
     m = _model("y")
-    assert rewrite_relu_grads(m) == 1
+    assert rewrite_relu_grads(m, masks=False) == 1
     assert [n.op_type for n in m.graph.node] == ["Relu", "Ceil", "HardSigmoid", "Mul"]
     after = _run(m, feed)
     np.testing.assert_array_equal(after, before)
     np.testing.assert_array_equal(after, np.where(x > 0, feed["dy"], 0))
+    # nothing else in backward reads y: its sign is kept as a 1-byte mask made in forward
+    m = _model("y")
+    assert rewrite_relu_grads(m) == 1
+    assert [n.op_type for n in m.graph.node] == ["Relu", "Greater", "PassThrough", "Cast",
+                                                "Mul"]
+    mask = next(v for v in m.graph.value_info if v.name == "y_relumask")
+    assert mask.type.tensor_type.elem_type == TensorProto.BOOL
+    np.testing.assert_array_equal(_run(m, feed), before)
 
 
 def test_relu_grad_of_a_non_relu_tensor_is_left_alone():

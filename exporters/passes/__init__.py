@@ -2,7 +2,9 @@
 
 FORWARD_PASSES run on the ONNX forward graph torch exported, before ORT's artifact builder
 makes the training, eval and optimizer graphs from it; ARTIFACT_PASSES run on those graphs
-(and add the side graphs). The order matters where it is said: the recompute plan is made
+(and add the side graphs). The order matters where it is said: the frozen layers' input
+gradients are rewritten before the ReLU gradients (a ReLU output only they read is then kept
+as a 1-byte mask); the recompute plan is made
 after the gradient kernels are rewritten (its copies start from them) and before the masked
 pointwise gradients (the mask-gradient graph needs the dense ones); the eval fixes read the
 final training graph; NCHWc comes last, so it also takes the recompute copies and the
@@ -11,8 +13,8 @@ depthwise input-gradient Convs. `describe()` prints the table docs/concepts.md d
 from __future__ import annotations
 
 from exporters.passes import (batchnormstats, convbn, densebuild, depthwisegrad, evalfixes,
-                              maskgrad, nchwc, pointwisegrad, recompute, recurrentgrads,
-                              relugrad, scatterindices, sparsegrad, stackedgrad)
+                              frozenconvgrad, maskgrad, nchwc, pointwisegrad, recompute,
+                              recurrentgrads, relugrad, scatterindices, sparsegrad, stackedgrad)
 from exporters.passes.pipeline import Context, Graphs, Pass, run_passes
 
 FORWARD_PASSES: tuple[Pass, ...] = (
@@ -23,8 +25,9 @@ FORWARD_PASSES: tuple[Pass, ...] = (
 ARTIFACT_PASSES: tuple[Pass, ...] = (
     evalfixes.BATCHNORM_OUTPUTS,
     recurrentgrads.PASS,
-    relugrad.PASS,
     depthwisegrad.PASS,
+    frozenconvgrad.PASS,
+    relugrad.PASS,
     recompute.PASS,
     maskgrad.PASS,
     sparsegrad.PASS,

@@ -42,7 +42,8 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
-    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "DequantizeLinear",
+    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "ConvTranspose",
+    "DequantizeLinear",
     "Div", "Dropout", "DropoutGrad",
     "Exp", "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",

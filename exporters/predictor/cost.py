@@ -93,6 +93,12 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
             y = _conv_grad_y(n, conv_out, shapes)
             produced = sum(1 for o in n.output[:2] if o)
             flops = produced * _conv_flops(shapes[n.input[1]][0], shapes[n.input[2]][0], y, group)
+        elif n.op_type == "ConvTranspose" and all(t in shapes for t in (*n.input[:2],
+                                                                       n.output[0])):
+            # a frozen layer's dX (frozenconvgrad.py): its convolution's multiply-adds, with
+            # dX as that convolution's input and dY as its output
+            flops = _conv_flops(shapes[n.output[0]][0], shapes[n.input[1]][0],
+                                shapes[n.input[0]][0], group)
         elif n.op_type in ("Gemm", "MatMul") and n.output[0] in shapes:
             if n.input[0] in shapes:  # the shared dimension, from whichever operand is sized
                 a = shapes[n.input[0]][0]

@@ -6,6 +6,8 @@ Run-time allocations, in the plan's execution order (plan.StepPlan):
     threads x 16384 floats;
   * ConvGrad: a column buffer of K x output pixels and a bias multiplier of output pixels
     (orttraining/training_ops/cpu/nn/conv_grad.cc), freed when the kernel returns;
+  * ConvTranspose: a column buffer of K x its input's pixels (core/providers/cpu/nn/
+    conv_transpose.cc), freed when the kernel returns;
   * the tensors the plan could not lay out in the pattern (StepPlan.dynamic), from the node
     that produces them until their last reader has run.
 They go through a model of the arena (RegionArena): a request takes the best-fitting free gap
@@ -62,13 +64,14 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
 def conv_temporaries(n, shapes, threads: int) -> list[int]:
     """Bytes of the temporaries a Conv or ConvGrad kernel allocates while it runs (MLAS's
     NCHWc Conv, exporters/passes/nchwc.py, works in its output alone)."""
-    if n.op_type not in CONV_OPS + ("ConvGrad",) or n.domain == NCHWC_DOMAIN:
+    if n.op_type not in CONV_OPS + ("ConvGrad", "ConvTranspose") or n.domain == NCHWC_DOMAIN:
         return []
     a = attributes(n)
     group = int(a.get("group", 1))
-    w = n.input[1] if n.op_type in CONV_OPS else n.input[2]
+    w = n.input[1] if n.op_type in CONV_OPS + ("ConvTranspose",) else n.input[2]
     # a ConvGrad's dY has its convolution's output shape; the weight [M, C/group, k...] gives
-    # K, so neither needs X or the forward output (a recompute plan renames both)
+    # K, so neither needs X or the forward output (a recompute plan renames both); a frozen
+    # layer's input gradient, ConvTranspose(dY, W) (frozenconvgrad.py), reads the same two
     y = n.output[0] if n.op_type in CONV_OPS else n.input[0]
     if w not in shapes or y not in shapes:
         return []
@@ -78,6 +81,8 @@ def conv_temporaries(n, shapes, threads: int) -> list[int]:
     pixels = int(np.prod(shapes[y][0][2:]))
     if n.op_type == "ConvGrad":
         return [k * pixels * 4, pixels * 4]
+    if n.op_type == "ConvTranspose":  # its column buffer (cpu/nn/conv_transpose.cc)
+        return [k * pixels * 4]
     filters = ws[0] // group
     pointwise = (kernel == 1 and group == 1 and all(s == 1 for s in a.get("strides", [1]))
                  and not any(a.get("pads", [0])))

@@ -21,7 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, replace_table, run, save_results, stamp
 
 PLANS = ("all", "last:4", "last:2", "head", "bias")
 NETWORKS = ("patch_mobilenet", "imu_cnn")
@@ -71,14 +71,17 @@ def main() -> None:
             m = json.loads(run("export", "--model", "imu_cnn", "--update", "auto", "--device",
                                device, "--out", str(Path(tmp) / f"auto-{device}"), "--json"))
             searches[device] = m["provenance"]["update_search"]
-    save_results("update_plans", [{"rows": rows, "searches": searches}])
+    save_results("update_plans", [{**stamp(), "rows": rows, "searches": searches}])
     report()
 
 
 def report() -> None:
     saved = json.loads(RESULTS.read_text())[0]
     rows, searches = saved["rows"], saved["searches"]
-    lines = ["| network | plan | micro-batch | trains (bytes) | measured peak | predicted | "
+    where = (f"Measured at commit `{saved['commit']}`, {saved['date']}, {saved['machine']}; "
+             "`bench/update_plans.py`." if "commit" in saved else
+             "Measured at a commit not recorded; `bench/update_plans.py`.")
+    lines = [where, "", "| network | plan | micro-batch | trains (bytes) | measured peak | predicted | "
              "× below `all` | parameters | gradients | optimizer | activations | other |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -94,7 +97,7 @@ def report() -> None:
             + " | ".join(f"{b[k]:,}" for k in ("parameters", "gradients", "optimizer_state",
                                                "activations", "other")) + " |")
     replace_table(DOC, lines, "update-plans")
-    search_lines = ["| budget | plan | trains (bytes) | predicted peak | fits | gain (points, "
+    search_lines = [where, "", "| budget | plan | trains (bytes) | predicted peak | fits | gain (points, "
                     "host replay) |", "|---|---|---:|---:|---|---:|"]
     for device, s in searches.items():
         for c in s["candidates"]:

@@ -15,7 +15,9 @@ from conftest import device_gradients
 from exporters.passes.frozenconvgrad import output_padding, rewrite_frozen_conv_grads
 
 
-def _conv_grad(x_shape, channels, kernel, stride, pads, dilation, group, outputs):
+def conv_grad_model(x_shape, channels, kernel, stride, pads, dilation, group, outputs):
+    """A graph of one ConvGrad (its outputs named by `outputs`, "" for one not wanted) and a
+    random feed for it."""
     rank = len(kernel)
     y_side = [(s + pads[i] + pads[i + rank] - dilation * (k - 1) - 1) // stride + 1
               for i, (s, k) in enumerate(zip(x_shape[2:], kernel))]
@@ -50,7 +52,7 @@ def _run(model, feed):
 @pytest.mark.parametrize("outputs", [("dx", ""), ("dx", "", "db"), ("", "", "db")])
 def test_the_rewrite_computes_conv_grads_values_without_x(x_shape, channels, kernel, stride,
                                                           pads, dilation, group, outputs):
-    m, feed = _conv_grad(x_shape, channels, kernel, stride, pads, dilation, group, outputs)
+    m, feed = conv_grad_model(x_shape, channels, kernel, stride, pads, dilation, group, outputs)
     before = _run(m, feed)
     assert rewrite_frozen_conv_grads(m) == 1
     assert "ConvGrad" not in {n.op_type for n in m.graph.node}
@@ -68,9 +70,9 @@ def test_output_padding_restores_the_rows_a_stride_drops():
 
 
 def test_a_conv_grad_with_a_weight_gradient_or_an_unstated_input_is_left_alone():
-    m, _ = _conv_grad((2, 6, 100), 16, (5,), 2, (2, 2), 1, 1, ("dx", "dw"))
+    m, _ = conv_grad_model((2, 6, 100), 16, (5,), 2, (2, 2), 1, 1, ("dx", "dw"))
     assert rewrite_frozen_conv_grads(m) == 0
-    m, _ = _conv_grad((2, 6, 100), 16, (5,), 2, (2, 2), 1, 1, ("dx", ""))
+    m, _ = conv_grad_model((2, 6, 100), 16, (5,), 2, (2, 2), 1, 1, ("dx", ""))
     x = next(i for i in m.graph.input if i.name == "x")
     x.type.tensor_type.shape.dim[2].dim_param = "time"  # a length the graph does not state
     assert rewrite_frozen_conv_grads(m) == 0

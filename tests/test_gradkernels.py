@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import device_gradients
+from test_frozengrads import conv_grad_model
 from exporters.passes.relugrad import rewrite_relu_grads
 from exporters.passes.depthwisegrad import (MLAS_CONV_BUFFER_BYTES_PER_THREAD, PEAK_SHARE,
                                            rewrite_depthwise_conv_grads)
@@ -60,21 +61,7 @@ def test_relu_grad_of_a_non_relu_tensor_is_left_alone():
 
 
 def _conv_grad_model(c: int, x_shape, group: int, stride: int, pads, kernel):
-    rank = len(kernel)
-    y_side = [(s + pads[i] + pads[i + rank] - k) // stride + 1
-              for i, (s, k) in enumerate(zip(x_shape[2:], kernel))]
-    shapes = {"dy": [x_shape[0], c, *y_side], "x": list(x_shape),
-              "w": [c, x_shape[1] // group, *kernel]}
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()]
-    outs = [helper.make_tensor_value_info("dx", TensorProto.FLOAT, shapes["x"]),
-            helper.make_tensor_value_info("dw", TensorProto.FLOAT, shapes["w"])]
-    node = helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw"], domain="com.microsoft",
-                            group=group, kernel_shape=list(kernel), pads=list(pads),
-                            strides=[stride] * rank, dilations=[1] * rank)
-    m = helper.make_model(helper.make_graph([node], "g", io, outs), opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    rng = np.random.default_rng(1)
-    return m, {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    return conv_grad_model(x_shape, c, kernel, stride, pads, 1, group, ("dx", "dw"))
 
 
 def _run_all(model, feed):

@@ -41,6 +41,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from exporters.graph import ensure_ms_domain, is_backward
+from exporters.passes.frozenconvgrad import SUFFIX as FROZEN_SUFFIX
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 REWRITTEN_SUFFIX = "_fastgrad"
@@ -160,9 +161,16 @@ def _forward_masks(model: onnx.ModelProto, masked: set[str]) -> dict:
 
 def relu_grads(graphs: Graphs, ctx: Context) -> int:
     """Replace each ReluGrad of a Relu's output by a mask made in forward (where nothing
-    else in backward reads the output, and the static predictor gives the step a lower peak
-    with the masks than without) or by Mul(dY, HardSigmoid(Ceil(Y)))."""
-    if not mask_candidates(graphs.training) or ctx.predictor is None:
+    else in backward reads the output, a frozen layer's input gradient was rewritten, and the
+    static predictor gives the step a lower peak with the masks than without) or by
+    Mul(dY, HardSigmoid(Ceil(Y)))."""
+    frozen = any(FROZEN_SUFFIX in n.name for n in graphs.training.graph.node)
+    if not frozen or not mask_candidates(graphs.training):
+        # every weight trains: the only masks would be of ReLUs before a pooling, whose
+        # mask adds a byte an element at the end-of-forward peak (imu_cnn, patch MobileNet:
+        # never chosen), so no prediction is spent on them
+        return rewrite_relu_grads(graphs.training, masks=False)
+    if ctx.predictor is None:
         return rewrite_relu_grads(graphs.training)
     variants = {}
     for masks in (True, False):

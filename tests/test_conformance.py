@@ -208,6 +208,7 @@ def test_a_model_with_nothing_to_train_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["cnn1d_bn", "moe_transformer", "transformer_encoder"],
                          indirect=True)
 def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
@@ -228,6 +229,7 @@ def test_a_run_that_exits_0_never_peaks_above_its_budget(case):
             assert json.loads(p.stdout)["peak_bytes"] <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["transformer_encoder"], indirect=True)
 def test_fit_without_a_prediction_ends_in_at_most_16_capped_runs(case):
     """On a model the predictor cannot size."""

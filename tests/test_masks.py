@@ -212,6 +212,7 @@ print(json.dumps(dict(n=n, mean=p['bn.running_mean'].data.tolist(), var=p['bn.ru
     np.testing.assert_allclose(out["var"], model.bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 # ---- through the CLI -----------------------------------------------------------------------
 def test_cli_personalise_with_rigl_and_reset_bn(tmp_path, sparse_artifact, tiny_artifact):
     x, y = tiny_data(48, seed=1)

@@ -135,6 +135,7 @@ def test_every_export_option_of_the_command_exists_in_python():
         assert name in FIELDS or name in plan_fields or name in cfg_fields, param.name
 
 
+@pytest.mark.slow
 def test_update_auto_is_an_option_of_the_python_api(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv1d(3, 8, 3), torch.nn.ReLU(),

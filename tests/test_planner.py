@@ -42,6 +42,7 @@ def test_sizes_are_divisors_and_powers_of_two():
     assert sizes(1568, limit=10)[-1] == 1568
 
 
+@pytest.mark.slow
 def test_plan_never_recommends_a_plan_over_its_budget(art):
     peak = {b: measure(art, b, steps=1).peak_bytes for b in (1, 8)}
     budgets = [peak[1] - 4096, peak[1] + 1024, (peak[1] + peak[8]) // 2, peak[8] * 4]
@@ -85,6 +86,7 @@ def test_host_speed_is_measured_and_cached(tmp_path):
     assert host_speed(1, cache=tmp_path) == s  # read back, not measured again
 
 
+@pytest.mark.slow
 def test_cli_write_without_a_plan_exits_3_and_writes_nothing(art, tmp_path):
     from conftest import cli
 

@@ -101,6 +101,7 @@ def export_wide(tmp_path, planner: str, budget: int | None = None):
                            recompute_budget_bytes=budget)
 
 
+@pytest.mark.slow
 def test_budget_plan_fits_and_costs_no_more_than_sqrt(tmp_path):
     none_peak = export_wide(tmp_path, "none").predicted["peak_bytes"]
     sqrt_m = export_wide(tmp_path, "sqrt")
@@ -118,6 +119,7 @@ def test_budget_plan_fits_and_costs_no_more_than_sqrt(tmp_path):
     assert m.plan.checkpoints == () and m.plan.recomputed == ()  # nothing to recompute
 
 
+@pytest.mark.slow
 def test_budget_below_every_plan_names_the_smallest_peak(tmp_path):
     with pytest.raises(ValueError, match=r"no recompute plan fits the budget of 1,000,000 bytes"
                                          r": the smallest predicted peak .* Raise the budget"):

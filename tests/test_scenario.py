@@ -61,6 +61,7 @@ def test_largest_predicted_binary_search():
         largest_batch(lambda b: b, lambda b: None, 0)
 
 
+@pytest.mark.slow
 def test_fit_cli_confirms_on_tiny_artifact(tiny_artifact):
     r = cli("fit", tiny_artifact, "--budget", "300KiB", "--json")
     assert r.returncode == 0, r.stderr

@@ -158,6 +158,7 @@ print(json.dumps({{n: [a.parameters[n].data.tobytes().hex(), b.parameters[n].dat
     assert set(moved) == {t.name for t in m.trainable}  # and what trains did move
 
 
+@pytest.mark.slow
 def test_export_cli_takes_a_plan_and_refuses_a_bad_one(tmp_path):
     p = cli("export", "--model", "imu_cnn", "--update", "nosuch.layer", "--epochs", "1",
             "--out", tmp_path / "art")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from exporters.graph import ensure_ms_domain, is_backward
+from exporters.graph import declare_like, ensure_ms_domain, is_backward
 from exporters.passes.frozenconvgrad import SUFFIX as FROZEN_SUFFIX
 from exporters.passes.pipeline import Context, Graphs, Pass
 
@@ -141,21 +141,14 @@ def _forward_masks(model: onnx.ModelProto, masked: set[str]) -> dict:
                 n.input[:] = [y_fwd if x == y else x for x in n.input]
             else:
                 n.input[:] = [kept.get(x, x) for x in n.input]
-        known = {v.name: v for v in model.graph.value_info}
-        for s_out, s_kept in kept.items():
-            if s_out in known:
-                v = onnx.ValueInfoProto()
-                v.CopyFrom(known[s_out])
-                v.name = s_kept
-                model.graph.value_info.append(v)
         dims = None  # the masks are bool tensors of Y's shape (unsized where Y is)
         if y in declared:
             dims = [d.dim_value if d.HasField("dim_value") else d.dim_param
                     for d in declared[y].type.tensor_type.shape.dim]
-            model.graph.value_info.append(helper.make_tensor_value_info(
-                y_fwd, declared[y].type.tensor_type.elem_type, dims))
-        model.graph.value_info.extend(helper.make_tensor_value_info(name, TensorProto.BOOL, dims)
-                                      for name in (mask, mask_fwd))
+        model.graph.value_info.append(helper.make_tensor_value_info(mask, TensorProto.BOOL,
+                                                                    dims))
+        # each PassThrough output declared as the input it passes
+        declare_like(model, out[(y, "nodes")][-1:], lambda n, k, o: n.input[k])
     return out
 
 
@@ -172,15 +165,16 @@ def relu_grads(graphs: Graphs, ctx: Context) -> int:
         return rewrite_relu_grads(graphs.training, masks=False)
     if ctx.predictor is None:
         return rewrite_relu_grads(graphs.training)
-    variants = {}
+    variants, counts = {}, {}
     for masks in (True, False):
         variants[masks] = graphs.copy()
-        rewrite_relu_grads(variants[masks].training, masks=masks)
+        counts[masks] = rewrite_relu_grads(variants[masks].training, masks=masks)
     with_masks, without = (ctx.predicted_peak(variants[m]) for m in (True, False))
     # the predictor decides: a mask is one more tensor while Y is alive, so where the step
     # peaks before Y's last forward reader (the end of forward, under `all`) it costs
     masks = with_masks is None or without is None or with_masks < without
-    return rewrite_relu_grads(graphs.training, masks=masks)
+    graphs.training.CopyFrom(variants[masks].training)
+    return counts[masks]
 
 
 PASS = Pass("relu_grads", "training", relu_grads)

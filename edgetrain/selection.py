@@ -104,7 +104,8 @@ class Decision:
     def message(self) -> str:
         if self.kept_population:
             also = ("" if self.adapted is None else f"; adapted BatchNorm statistics alone "
-                    f"{self.adapted.correct}/{self.adapted.windows}, which may not lose one")
+                    f"{self.adapted.correct}/{self.adapted.windows} with loss {self.adapted.loss:.3g}, which "
+                    "may neither lose a window nor raise the loss")
             return ("kept the population model: personalisation did not help on your "
                     f"validation data ({self.best.correct}/{self.best.windows} right at best, "
                     f"the population model {self.population.correct}/{self.population.windows};"
@@ -132,16 +133,18 @@ def decide(population: Score, best: Score, best_lr: float | None, best_epoch: in
     margin_windows validation windows over it.
 
     adapted: the start's score after label-free BatchNorm adaptation (no weight trained), when
-    the run adapted. Where no trained candidate passes, the adapted start is kept unless it
-    loses a validation window: the margin guards against the luck of picking the best of many
-    trained candidates, and the adapted start is one candidate, fixed before any label is read
-    (the label-free mode applies it with no guard at all)."""
+    the run adapted. Where no trained candidate passes, the adapted start is kept if it loses
+    no validation window and does not raise the validation loss, the measure every candidate
+    is ranked by (Score.beats): no margin, since the adapted start is one candidate fixed
+    before any label is read, not the best of many (the label-free mode, with no labels to
+    score it, applies it with no guard at all)."""
     trained = best_epoch > 0 and best.correct >= population.correct + max(margin_windows, 0) \
         and (best.correct > population.correct or best.loss < population.loss)
     if trained:
         return Decision(False, population, best, best_lr, best_epoch, margin_windows,
                         adapted=adapted)
-    if adapted is not None and adapted.correct >= population.correct:
+    if adapted is not None and adapted.correct >= population.correct \
+            and adapted.loss <= population.loss:
         return Decision(False, population, adapted, None, 0, margin_windows, True, adapted)
     return Decision(True, population, best, best_lr, best_epoch, margin_windows,
                     adapted=adapted)

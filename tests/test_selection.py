@@ -47,6 +47,9 @@ def test_the_adapted_start_is_kept_when_training_does_not_pass_the_guard():
     assert "no weight trained" in d.message
     # the adapted start that loses a window is refused: the population model stays
     assert decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, adapted=Score(17, 23, 0.4)).kept_population
+    # the adapted start that raises the validation loss is refused too, windows tied
+    d = decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, adapted=Score(18, 23, 0.55))
+    assert d.kept_population and "raise the loss" in d.message
     # a trained candidate that passes wins over the adapted start
     d = decide(pop, Score(20, 23, 0.30), 1e-3, 2, 1, adapted=Score(19, 23, 0.4))
     assert not d.kept_population and not d.statistics_only and d.best_epoch == 2

@@ -6,6 +6,7 @@ with onnx, the measurement runs in its own torch-free child process.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from device_sim.measure import measure
@@ -16,6 +17,7 @@ from edgetrain.budget import BudgetError, with_prediction
 from edgetrain.manifest import load_manifest
 from exporters.predictor.cost import recompute_flops, step_cost
 from exporters.predictor import predict_manifest
+from exporters.views.activationparts import masks_at_peak
 
 COVERS = ("every byte ONNX Runtime allocates for the training working set: parameters, "
           "gradients, optimizer state, activations and temporaries, runtime scalars; not the "
@@ -35,6 +37,7 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
                 adapt=adapt)
     pred = predict_manifest(artifact, manifest, batch, r.threads)
     train = str(Path(artifact) / manifest.files[names.TRAINING_MODEL].path)
+    eval_model = str(Path(artifact) / manifest.files[names.EVAL_MODEL].path)
     cost = step_cost(train, batch, sum(t.nbytes // 4 for t in manifest.trainable))
     device_time = None
     if device:
@@ -46,6 +49,8 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
            "predicted_breakdown": pred.breakdown, "predicted_threads": pred.threads,
            "predicted_complete": pred.complete, "prediction_caveat": pred.caveat(),
            "predicted_activations_range_bytes": list(pred.activations_range_bytes),
+           "predicted_masks_at_peak": asdict(masks_at_peak(train, eval_model, batch,
+                                                           pred.threads)),
            "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,
            "recompute": {"planner": manifest.plan.recompute,
                          "checkpoints": list(manifest.plan.checkpoints),

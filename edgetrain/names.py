@@ -34,6 +34,9 @@ GRAD_SUFFIX = "_grad"
 # A masked weight `<w>` (e.g. `conv.weight`) is held as `<w>_values` (trainable, [nnz]) and
 # `<w>_positions` (frozen int32, [nnz]).
 MASK_VALUES_SUFFIX, MASK_POSITIONS_SUFFIX = "_values", "_positions"
+# A ReLU output Y whose gradient reads a 1-byte mask made in forward: `<Y>_relumask`
+# (exporters/passes/relugrad.py); `measure` names the masks live at the step's peak by it.
+RELU_MASK_SUFFIX = "_relumask"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
 # ONNX Runtime's blocked-channel kernels (ReorderInput, Conv, ReorderOutput): the training

@@ -5,6 +5,8 @@ rewrites compute ORT's values, leave what they cannot prove alone, and give torc
 inside an exported artifact."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -110,6 +112,14 @@ def test_an_exported_net_with_frozen_layers_gets_torch_gradients(tmp_path, updat
         assert m.provenance["passes"]["frozen_conv_input_grads"] == 4
         masks = [n for n in graph.node if n.op_type == "Greater"]
         assert len(masks) == 4, [n.name for n in masks]
+        # measure's breakdown names the masks live at the fullest moment: 1 byte an element
+        from exporters.views.activationparts import masks_at_peak
+        at_peak = masks_at_peak(str(tmp_path / "a" / "training_model.onnx"),
+                                str(tmp_path / "a" / "eval_model.onnx"), 4, 1)
+        lengths = (101, 51, 51, 51)  # the four ReLUs' outputs, [4, 16, L] each
+        assert at_peak.tensors >= 1 and at_peak.bytes in {
+            sum(4 * 16 * n for n in chosen) for k in range(1, 5)
+            for chosen in itertools.combinations(lengths, k)}, at_peak
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 6, 101)).astype(np.float32)
     y = np.array([0, 1, 2, 3])

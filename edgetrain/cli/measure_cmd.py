@@ -68,6 +68,11 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
                   f"  ({'within' if peak <= budget_bytes else 'OVER'} budget)"))
     for k, v in doc["breakdown"].items():
         click.echo(f"  {k:16s} {v:>14,}   predicted {doc['predicted_breakdown'][k]:>14,}")
+    masks = doc["predicted_masks_at_peak"]
+    if masks["tensors"]:
+        click.echo(f"    of the predicted activations at the fullest moment: {masks['bytes']:,} "
+                   f"bytes in {masks['tensors']} ReLU masks (1 byte an element, kept in place "
+                   "of the float outputs for the gradient)")
     rc = doc["recompute"]
     if rc["recomputed"]:
         click.echo(f"recompute ({rc['planner']}): {len(rc['recomputed'])} tensors rebuilt in "

@@ -40,12 +40,13 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from edgetrain import names
 from exporters.graph import declare_like, ensure_ms_domain, is_backward
 from exporters.passes.frozenconvgrad import SUFFIX as FROZEN_SUFFIX
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 REWRITTEN_SUFFIX = "_fastgrad"
-MASK_SUFFIX = "_relumask"
+MASK_SUFFIX = names.RELU_MASK_SUFFIX
 
 
 def rewrite_relu_grads(model: onnx.ModelProto, masks: bool = True) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgetrain import names
 from edgetrain.budget import arena_rounded
 from exporters.predictor import activation_plans, known_shapes
 from exporters.predictor.ortgraph import optimized_graph
@@ -83,3 +84,24 @@ def activation_parts(training_model: str, block_of_node, outputs: set[str], eval
     pattern = arena_rounded(plan.pattern_bytes)
     return ActivationParts(blocks, pattern - plan.live_peak_bytes, acts - pattern, acts,
                            measured_bytes, plan)
+
+
+@dataclass(frozen=True)
+class MasksAtPeak:
+    """The ReLU masks (exporters/passes/relugrad.py: 1 byte an element, saved in forward in
+    place of the float output) among the buffers live at the step's fullest moment."""
+    tensors: int
+    bytes: int
+
+
+def masks_at_peak(training_model: str, eval_model: str, batch: int, threads: int
+                  ) -> MasksAtPeak:
+    """The masks live at the fullest moment of the plan the prediction claims (predicted)."""
+    plan, _ = max(activation_plans(training_model, batch, threads,
+                                   known_shapes(eval_model, batch)), key=lambda pa: pa[1])
+    masks = {n.output[0] for n in optimized_graph(training_model).graph.node
+             if n.op_type == "Greater" and n.name.endswith(names.RELU_MASK_SUFFIX + "/greater")}
+    # a mask's PassThrough copy (`<mask>_kept`) aliases the mask's buffer
+    sizes = [size for tensor, size in plan.peak_buffers
+             if tensor in masks or tensor.removesuffix("_kept") in masks]
+    return MasksAtPeak(len(sizes), sum(sizes))

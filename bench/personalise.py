@@ -42,6 +42,11 @@ MODES = {"label-free": ["--labels-per-class", "0", "--adapt", "bn"],
          "5 labels/class": ["--labels-per-class", "5", "--adapt", "bn"],
          "all labels": ["--adapt", "bn"]}
 EPOCHS = 5
+# Recipe variants for the nested selection (bench/personalise_nested.py): extra arguments on
+# top of MODES, each variant's rows in their own file. "default" is the product's recipe.
+RECIPES = {"default": [],
+           "adapt-guard-windows": ["--adapt-guard", "windows"],
+           "no-adapt": ["--adapt", "none"]}
 RESULTS = ROOT / "bench" / "results"
 TUNING_USERS = {"hapt": (1, 2, 3, 4, 5, 6), "watch": (10,)}
 RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); BatchNorm "
@@ -78,8 +83,9 @@ def folds(dataset: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(lo, lo + size)) for lo in range(1, users + 1, size))
 
 
-def rows_path(dataset: str, protocol: str, tier: str) -> Path:
-    return RESULTS / f"personalise-{dataset}-{protocol}-{tier}.jsonl"
+def rows_path(dataset: str, protocol: str, tier: str, recipe: str = "default") -> Path:
+    variant = "" if recipe == "default" else f"-{recipe}"
+    return RESULTS / f"personalise-{dataset}-{protocol}-{tier}{variant}.jsonl"
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -95,21 +101,22 @@ def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> 
 
 
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,
-                     classes: int, out: Path) -> dict:
+                     classes: int, out: Path, recipe: str = "default") -> dict:
     # one labelled window per class is `classes` items: the micro-batch cannot be larger
     batch = min(classes, tier.micro_batch) if mode == "1 label/class" else tier.micro_batch
     return json.loads(run("personalise", str(art), "--user", str(user), "--dataset", dataset,
                           "--protocol", protocol, "--device", tier.device, "--micro-batch",
                           str(batch), "--epochs", str(EPOCHS), "--out", str(out), "--json",
-                          *MODES[mode]))
+                          *MODES[mode], *RECIPES[recipe]))
 
 
-def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bool) -> None:
+def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bool,
+         recipe: str = "default") -> None:
     from edgetrain import datasets
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     where = stamp()
-    path = rows_path(dataset, protocol, tier.device)
+    path = rows_path(dataset, protocol, tier.device, recipe)
     rows = read_rows(path)
     if not keep_old and any(r["commit"] != where["commit"] for r in rows):
         print(f"{path.name}: rows of other commits are measured again (--keep-old keeps them)")
@@ -126,10 +133,11 @@ def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bo
             export_fold(dataset, tier, users, art)
             for user, mode in todo:
                 out = Path(tmp) / f"run-{user}-{mode.split()[0]}"
-                r = personalise_user(art, dataset, protocol, tier, user, mode, classes, out)
+                r = personalise_user(art, dataset, protocol, tier, user, mode, classes, out,
+                                     recipe)
                 row = {**where, "dataset": dataset, "protocol": protocol, "tier": asdict(tier),
                        "network": tier.label, "fold": list(users), "user": user, "mode": mode,
-                       "recipe_chosen_on": RECIPE_CHOSEN_ON, **r}
+                       "recipe": recipe, "recipe_chosen_on": RECIPE_CHOSEN_ON, **r}
                 with open(path, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps({k: row[k] for k in ("user", "mode", "accuracy_before",
@@ -146,7 +154,10 @@ if __name__ == "__main__":
     ap.add_argument("--mode", action="append", choices=list(MODES),
                     help="modes to run (repeatable; default all four)")
     ap.add_argument("--keep-old", action="store_true", help="keep rows of other commits")
+    ap.add_argument("--recipe", default="default", choices=list(RECIPES),
+                    help="a recipe variant for bench/personalise_nested.py (default: the "
+                    "product's recipe)")
     a = ap.parse_args()
     from edgetrain.datasets import get
     main(a.dataset, a.protocol or get(a.dataset).protocol, TIERS[a.tier],
-         a.mode or list(MODES), a.keep_old)
+         a.mode or list(MODES), a.keep_old, a.recipe)

@@ -52,6 +52,7 @@ class TrainConfig:
     adapt: str = "none"  # "bn": BatchNorm statistics from the user's windows first (no labels);
     # "auto": bn where the artifact has BatchNorm layers
     labels_per_class: int | None = None  # train on each class's first N windows only
+    adapt_guard: str = "loss"  # the guard's rule for the adapted start (selection.ADAPT_GUARDS)
 
     def fingerprint(self) -> dict:
         """What a resumed run must share with the run it continues."""
@@ -68,7 +69,7 @@ class TrainConfig:
             raise ValueError(f"checkpoint interval must be >= 0 steps, got {self.checkpoint_every}")
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"learning rate must be a finite number above 0, got {self.lr}")
-        check_settings(self.lrs, self.patience, self.guard_margin)
+        check_settings(self.lrs, self.patience, self.guard_margin, self.adapt_guard)
         if self.adapt not in ADAPTS:
             raise ValueError(f"unknown adaptation {self.adapt!r}; choose one of {ADAPTS}")
         if self.labels_per_class is not None and self.labels_per_class < 1:

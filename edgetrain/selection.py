@@ -24,6 +24,20 @@ import numpy as np
 ADAPTS = ("none", "bn", "auto")
 
 
+def _adapted_keeps_windows(population: "Score", adapted: "Score") -> bool:
+    return adapted.correct >= population.correct
+
+
+def _adapted_keeps_windows_and_loss(population: "Score", adapted: "Score") -> bool:
+    return adapted.correct >= population.correct and adapted.loss <= population.loss
+
+
+# When the guard keeps the adapted start (BatchNorm statistics from the user's windows, no
+# weight trained) over the population model, by its validation score: "loss" (the default)
+# if it loses no window and does not raise the loss; "windows" if it loses no window.
+ADAPT_GUARDS = {"loss": _adapted_keeps_windows_and_loss, "windows": _adapted_keeps_windows}
+
+
 @dataclass(frozen=True)
 class Score:
     """A model's result on the validation slice."""
@@ -60,9 +74,13 @@ def score(logits: np.ndarray, y: np.ndarray) -> Score:
     return Score(int((logits.argmax(-1) == y).sum()), len(y), loss)
 
 
-def check_settings(lrs, patience: int, margin_windows: int) -> None:
+def check_settings(lrs, patience: int, margin_windows: int, adapt_guard: str = "loss") -> None:
     """ValueError unless the candidates are finite positive learning rates, patience is at
-    least one epoch and the guard's margin is not negative."""
+    least one epoch, the guard's margin is not negative and its rule for the adapted start
+    is known."""
+    if adapt_guard not in ADAPT_GUARDS:
+        raise ValueError(f"unknown rule for the adapted start {adapt_guard!r}; choose one of "
+                         f"{sorted(ADAPT_GUARDS)}")
     if lrs is not None:
         if not lrs:
             raise ValueError("selection needs at least one learning rate")
@@ -99,13 +117,16 @@ class Decision:
     margin_windows: int
     statistics_only: bool = False  # the best is the adapted start: no weight trained
     adapted: Score | None = None  # the start after BatchNorm adaptation, when the run adapted
+    adapt_guard: str = "loss"  # the rule the adapted start was kept or refused by
 
     @property
     def message(self) -> str:
         if self.kept_population:
+            rule = ("may neither lose a window nor raise the loss" if self.adapt_guard == "loss"
+                    else "may not lose a window")
             also = ("" if self.adapted is None else f"; adapted BatchNorm statistics alone "
-                    f"{self.adapted.correct}/{self.adapted.windows} with loss {self.adapted.loss:.3g}, which "
-                    "may neither lose a window nor raise the loss")
+                    f"{self.adapted.correct}/{self.adapted.windows} with loss "
+                    f"{self.adapted.loss:.3g}, which {rule}")
             return ("kept the population model: personalisation did not help on your "
                     f"validation data ({self.best.correct}/{self.best.windows} right at best, "
                     f"the population model {self.population.correct}/{self.population.windows};"
@@ -124,30 +145,33 @@ class Decision:
                 "population": self.population.to_dict(), "best": self.best.to_dict(),
                 "best_lr": self.best_lr, "best_epoch": self.best_epoch,
                 "margin_windows": self.margin_windows, "statistics_only": self.statistics_only,
-                "adapted": None if self.adapted is None else self.adapted.to_dict()}
+                "adapted": None if self.adapted is None else self.adapted.to_dict(),
+                "adapt_guard": self.adapt_guard}
 
 
 def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
-           margin_windows: int, adapted: Score | None = None) -> Decision:
+           margin_windows: int, adapted: Score | None = None,
+           adapt_guard: str = "loss") -> Decision:
     """The guard: keep the population model unless the best trained candidate gains
     margin_windows validation windows over it.
 
     adapted: the start's score after label-free BatchNorm adaptation (no weight trained), when
     the run adapted. Where no trained candidate passes, the adapted start is kept if it loses
     no validation window and does not raise the validation loss, the measure every candidate
-    is ranked by (Score.beats): no margin, since the adapted start is one candidate fixed
-    before any label is read, not the best of many (the label-free mode, with no labels to
-    score it, applies it with no guard at all)."""
+    is ranked by (Score.beats), or with adapt_guard "windows" if it loses no window: no
+    margin, since the adapted start is one candidate fixed before any label is read, not the
+    best of many (the label-free mode, with no labels to score it, applies it with no guard
+    at all)."""
     trained = best_epoch > 0 and best.correct >= population.correct + max(margin_windows, 0) \
         and (best.correct > population.correct or best.loss < population.loss)
     if trained:
         return Decision(False, population, best, best_lr, best_epoch, margin_windows,
-                        adapted=adapted)
-    if adapted is not None and adapted.correct >= population.correct \
-            and adapted.loss <= population.loss:
-        return Decision(False, population, adapted, None, 0, margin_windows, True, adapted)
+                        adapted=adapted, adapt_guard=adapt_guard)
+    if adapted is not None and ADAPT_GUARDS[adapt_guard](population, adapted):
+        return Decision(False, population, adapted, None, 0, margin_windows, True, adapted,
+                        adapt_guard)
     return Decision(True, population, best, best_lr, best_epoch, margin_windows,
-                    adapted=adapted)
+                    adapted=adapted, adapt_guard=adapt_guard)
 
 
 def record_epoch(sel: dict, s: Score, lr: float, epoch: int) -> bool:

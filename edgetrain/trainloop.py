@@ -210,7 +210,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     if val_feed is not None:
         decision = decide(Score.from_dict(sel["population"]), Score.from_dict(sel["best"]),
                           sel["best_lr"], sel["best_epoch"], config.guard_margin,
-                          Score.from_dict(sel["start"]) if adapt else None)
+                          Score.from_dict(sel["start"]) if adapt else None, config.adapt_guard)
         chosen = "start" if decision.statistics_only else sel["best_file"]
         rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path if decision.kept_population
                            else sel_dir / chosen)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import cli, device_python, tiny_data
 from edgetrain import data
-from edgetrain.selection import Score, decide, record_epoch, stopped
+from edgetrain.selection import Score, check_settings, decide, record_epoch, stopped
 from edgetrain.datasets import time_cut as time_split
 from edgetrain.userdata import first_per_class
 
@@ -50,6 +50,13 @@ def test_the_adapted_start_is_kept_when_training_does_not_pass_the_guard():
     # the adapted start that raises the validation loss is refused too, windows tied
     d = decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, adapted=Score(18, 23, 0.55))
     assert d.kept_population and "raise the loss" in d.message
+    # ... unless the rule asks only for the windows (--adapt-guard windows)
+    d = decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, Score(18, 23, 0.55), "windows")
+    assert d.statistics_only and not d.kept_population
+    d = decide(pop, Score(18, 23, 0.3), 1e-3, 2, 1, Score(17, 23, 0.2), "windows")
+    assert d.kept_population and d.message.endswith("which may not lose a window)")
+    with pytest.raises(ValueError, match="adapted start"):
+        check_settings(None, 2, 1, "sometimes")
     # a trained candidate that passes wins over the adapted start
     d = decide(pop, Score(20, 23, 0.30), 1e-3, 2, 1, adapted=Score(19, 23, 0.4))
     assert not d.kept_population and not d.statistics_only and d.best_epoch == 2

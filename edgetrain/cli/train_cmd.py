@@ -100,9 +100,13 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               help="Validation windows personalising must gain over the population model.")
 @click.option("--adapt", type=click.Choice(["none", "bn", "auto"]), default="none",
               show_default=True, help="bn: re-estimate BatchNorm statistics from your windows "
-              "first (no labels); the guard keeps them unless they lose a validation window "
-              "(the benchmark's and the demo's recipe). auto: bn where the artifact has "
-              "BatchNorm layers. `measure --adapt` replays it.")
+              "first (no labels); the guard keeps them by --adapt-guard (the benchmark's and "
+              "the demo's recipe). auto: bn where the artifact has BatchNorm layers. "
+              "`measure --adapt` replays it.")
+@click.option("--adapt-guard", type=click.Choice(["loss", "windows"]), default="loss",
+              show_default=True, help="When the guard keeps the adapted statistics (no weight "
+              "trained) over the population model: loss, if they lose no validation window "
+              "and do not raise the validation loss; windows, if they lose no window.")
 @click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
@@ -110,7 +114,7 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                 trust, epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
                 mask_end, checkpoint_every, resume, select, val_fraction, val_file, lr_grid,
-                patience, guard_margin, adapt, labels_per_class, as_json):
+                patience, guard_margin, adapt, adapt_guard, labels_per_class, as_json):
     """Train an artifact on one user's data inside a device's memory budget."""
     from edgetrain.masks import MaskSchedule
     from edgetrain.personalise import TrainConfig
@@ -138,7 +142,7 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                           accumulation_steps=accumulate, seed=seed, masks=masks,
                           checkpoint_every=checkpoint_every, lrs=parse_lrs(lr_grid),
                           patience=patience, guard_margin=guard_margin, adapt=adapt,
-                          labels_per_class=labels_per_class)
+                          labels_per_class=labels_per_class, adapt_guard=adapt_guard)
         with Progress(not as_json) as progress:
             r = run(artifact, d.train, d.test, out, budget_bytes, cfg, progress=progress,
                     threads=threads, resume=resume, val=d.val, test_groups=d.test_groups,

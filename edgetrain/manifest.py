@@ -43,6 +43,8 @@ class Plan:
     checkpoints: tuple[str, ...] = ()  # forward tensors kept as segment boundaries
     recomputed: tuple[str, ...] = ()  # forward tensors rebuilt during backward
     recompute_budget_bytes: int | None = None  # the budget the "budget" planner planned for
+    # the "optimal" planner's step budget: at most this many times the step's FLOPs
+    recompute_time_ratio: float | None = None
     recompute_note: str = ""  # what the planner decided and why, when that needs saying
     # ORT intra-op threads the runtime runs with (unless told otherwise); the predicted peak
     # is for this count, so it is the same whichever machine exported the artifact.

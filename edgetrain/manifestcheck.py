@@ -14,6 +14,8 @@ import math
 from edgetrain.specs import ArtifactError
 
 MAX_SAMPLE_ELEMENTS = 1 << 28  # elements of one whole sample (1 GiB of float32)
+# plan fields that default to None and hold a number that need not be whole (others: int)
+OPTIONAL_PLAN_KINDS = {"recompute_time_ratio": float}
 _JSON = {int: "a whole number", str: "a string", float: "a number", dict: "an object",
          list: "a list", bool: "true or false"}
 
@@ -100,8 +102,8 @@ def check_dict(d: dict, plan_fields) -> None:
             if not all(isinstance(v, str) for v in expect(value, list, f"plan.{f.name}")):
                 _fail(f"plan.{f.name}", value, "a list of tensor names")
         else:
-            expect(value, type(default) if default is not None else int, f"plan.{f.name}",
-                   optional=default is None)
+            kind = type(default) if default is not None else OPTIONAL_PLAN_KINDS.get(f.name, int)
+            expect(value, kind, f"plan.{f.name}", optional=default is None)
     for key in ("micro_batch", "accumulation_steps"):
         if key in plan and plan[key] < 1:
             _fail(f"plan.{key}", plan[key], "a whole number of at least 1")

@@ -124,7 +124,7 @@ def test_every_export_option_of_the_command_exists_in_python():
     spelled = {"model_name": "model", "micro_batch": "micro_batch", "accumulate":
                "accumulation_steps", "holdout_user": "holdout_user", "also_holdout":
                "also_held_out", "budget": "recompute_budget_bytes", "device": "target",
-               "sign_key": "sign_key"}
+               "sign_key": "sign_key", "recompute_time": "recompute_time_ratio"}
     command_only = {"out", "no_cache", "as_json", "plan_mode", "plan_updates",
                     "plan_densities", "plan_weight_grads"}  # printing; the capped search
     # (--plan auto measures with device_sim, which exporters never imports)

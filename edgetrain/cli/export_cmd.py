@@ -65,9 +65,13 @@ def record_measured_peak(out, m):
               "toolchain).")
 @click.option("--lr", type=float, default=3e-4, show_default=True, help="On-device learning rate.")
 @click.option("--no-cache", is_flag=True, help="Pretrain again even if cached.")
-@click.option("--recompute", type=click.Choice(["none", "sqrt", "budget"]), default="none",
-              show_default=True, help="Recompute plan written into the training graph; "
-              "budget: the cheapest plan predicted to fit --budget or --device.")
+@click.option("--recompute", type=click.Choice(["none", "sqrt", "budget", "optimal"]),
+              default="none", show_default=True, help="Recompute plan written into the "
+              "training graph; budget: the cheapest plan predicted to fit --budget or --device; "
+              "optimal: the lowest peak within --recompute-time.")
+@click.option("--recompute-time", type=click.FloatRange(min=1.0), default=None,
+              help="For --recompute optimal: the step may cost at most this many times the "
+              "FLOPs of the step without recompute (default 1.3; FLOPs stand in for time).")
 @device_option("Budget from a device profile.")
 @budget_option("Byte budget for --recompute budget, e.g. 64MiB.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=1.0,
@@ -127,7 +131,8 @@ def record_measured_peak(out, m):
 @json_option
 def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_batch, accumulate,
            threads,
-           epochs, lr, no_cache, recompute, device, budget, density, mask_allocation, mask_init,
+           epochs, lr, no_cache, recompute, recompute_time, device, budget, density,
+           mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
            plan_weight_grads, target, nchwc, dense_build, sign_key, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
@@ -150,6 +155,9 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
             budget_bytes is not None):
         raise click.UsageError("--recompute budget, --update auto and --plan auto need "
                                "--budget or --device, and those apply only to them")
+    if recompute_time is not None and recompute != "optimal":
+        raise click.UsageError(f"--recompute-time {recompute_time:g} sets the optimal planner's "
+                               "step budget: add --recompute optimal")
     with exit_on_device_errors():  # bad input 2, a full disk 4, no traceback
         key = signing.private_key(sign_key) if sign_key else None  # refused before any work
         cfg = PretrainConfig(model=model_name, width=width, holdout_user=holdout_user,
@@ -160,6 +168,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                       dense_build=dense_build, weight_grad=weight_grad),
             lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
             recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
+            **({} if recompute_time is None else {"recompute_time_ratio": recompute_time}),
             mask_init=mask_init, int8_frozen=int8_frozen, nchwc=nchwc,
             target=target or (PROFILES[device].target if device else None))
 

@@ -73,7 +73,9 @@ def build_artifact(out: Path, model: torch.nn.Module, example_input: torch.Tenso
     plan = dataclasses.replace(
         plan, batchnorm="frozen" if options.freeze_batchnorm else "batch",
         update=update or ("all" if options.trainable is None else "names"),
-        recompute=options.recompute, recompute_budget_bytes=options.recompute_budget_bytes)
+        recompute=options.recompute, recompute_budget_bytes=options.recompute_budget_bytes,
+        recompute_time_ratio=(float(options.recompute_time_ratio)
+                              if options.recompute == "optimal" else None))
     params = dict(model.named_parameters())
     trainable = (list(params) if options.trainable is None  # a masked weight trains as its values
                  else [masked.get(n, n) for n in options.trainable])

@@ -10,6 +10,7 @@ resolves to these fields.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 from edgetrain.manifest import Plan
@@ -22,8 +23,9 @@ class ExportOptions:
     trainable: parameter names to train (default all); or update: an update plan
     (exporters/plans/updateplans.py: all, head, bias, last:K, names, or "auto": the plan that
     fits update_budget_bytes and helps most, exporters/plans/updatesearch.py).
-    freeze_batchnorm: BatchNorm as a fixed affine map. recompute: none, sqrt or budget
-    (planned for recompute_budget_bytes). density, mask_allocation, mask_init, mask_seed:
+    freeze_batchnorm: BatchNorm as a fixed affine map. recompute: none, sqrt, budget
+    (planned for recompute_budget_bytes) or optimal (the lowest peak whose step is at most
+    recompute_time_ratio times the FLOPs of the step without recompute). density, mask_allocation, mask_init, mask_seed:
     sparse masks (exporters/plans/sparse.py). int8_frozen: frozen weights in 8 bits.
     target: portable (default), arm64 or host (edgetrain/targets.py); nchwc: this machine's
     NCHWc kernels (host only). sign_key: an Ed25519 private key file (edgetrain/signing.py)."""
@@ -35,6 +37,7 @@ class ExportOptions:
     freeze_batchnorm: bool = False
     recompute: str = "none"
     recompute_budget_bytes: int | None = None
+    recompute_time_ratio: float = 1.3  # the optimal planner's step budget (x the step's FLOPs)
     density: float = 1.0
     mask_allocation: str = "erk"
     mask_init: str = "magnitude"
@@ -54,6 +57,10 @@ class ExportOptions:
         if self.update == "auto" and self.update_budget_bytes is None:
             raise ValueError("update 'auto' chooses what trains for a budget; give "
                              "update_budget_bytes (the CLI: --device or --budget)")
+        ratio = self.recompute_time_ratio
+        if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 1.0):
+            raise ValueError(f"recompute_time_ratio must be a number of at least 1.0 (the step "
+                             f"may not get faster by recomputing), got {ratio!r}")
         if self.recompute == "budget" and self.recompute_budget_bytes is None:
             raise ValueError("recompute 'budget' needs a byte budget: give "
                              "recompute_budget_bytes (the CLI: --device or --budget)")

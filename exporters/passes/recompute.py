@@ -49,11 +49,13 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
     rplan, graphs.training = plan_and_rewrite(
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,
         predict_model_peak=peak_of, known_shapes=known,
-        min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads)
+        min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads,
+        time_ratio=plan.recompute_time_ratio)
     ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                    recomputed=rplan.recomputed, recompute_note=rplan.note)
     return len(rplan.recomputed)
 
 
-PASS = Pass("recompute", "training", write_recompute_plan, option="recompute sqrt or budget",
+PASS = Pass("recompute", "training", write_recompute_plan,
+            option="recompute sqrt, budget or optimal",
             when=lambda ctx: ctx.options.recompute != "none")

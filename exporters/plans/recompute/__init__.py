@@ -9,7 +9,7 @@ backward consumers read the copies. The original forward tensors then die as soo
 forward pass no longer needs them.
 
   analysis.py       the forward graph, cut points, segments
-  planners.py       PLANNERS: none, sqrt, budget
+  planners.py       PLANNERS: none, sqrt, budget, optimal
   segment_model.py  bytes and FLOPs of a plan; exact search for the budget planner
   rewrite.py        the plan written into the graph
   remat.py          masked layers' dense weights rebuilt in backward
@@ -43,7 +43,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                      budget_bytes: int | None = None,
                      predict_model_peak: Callable[[onnx.ModelProto], int | None] | None = None,
                      known_shapes: Shapes | None = None,
-                     min_saving_bytes: int = 0) -> tuple[RecomputePlan, onnx.ModelProto]:
+                     min_saving_bytes: int = 0, time_ratio: float | None = None
+                     ) -> tuple[RecomputePlan, onnx.ModelProto]:
     """Plan recompute for the training graph `original`; returns the plan and the graph with
     it written in (`original` itself when the plan rewrites nothing; never changed).
 
@@ -52,7 +53,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     predicted peak bytes of the artifact with that training graph, None when the predictor
     cannot predict it (the budget planner checks its candidates by it; the sqrt planner keeps
     no checkpoints when they do not lower it by at least min_saving_bytes). known_shapes:
-    tensor shapes found by evaluating the forward graph."""
+    tensor shapes found by evaluating the forward graph. time_ratio: the optimal planner's
+    budget, the step's FLOPs with the plan at most this many times those without it (FLOPs
+    stand in for time: a prediction; `edgetrain measure` times the step)."""
     model, renamed = without_identities(original)
     fwd = analyse(model)
 
@@ -73,13 +76,23 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
 
     req = PlanRequest(budget_bytes=budget_bytes)
     if planner != "none":
+        costs = node_costs(model, batch)
+        step_flops = sum(f for _, _, f, _ in costs)
         req = PlanRequest(
             budget_bytes=budget_bytes,
             tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
                                                                  known_shapes).items()},
-            node_flops={name: f for name, _, f, _ in node_costs(model, batch)},
-            predict_peak=predict_peak if predict_model_peak else None)
+            node_flops={name: f for name, _, f, _ in costs},
+            predict_peak=predict_peak if predict_model_peak else None,
+            max_extra_flops=(None if time_ratio is None
+                             else int((time_ratio - 1.0) * step_flops)))
     plan = plan_forward(fwd, planner, req)
+    if planner == "optimal":
+        extra = SegmentModel(fwd, req).flops(plan.checkpoints)
+        note = (f"the lowest peak of the segment model within {time_ratio:g}x the step's "
+                f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (predicted)")
+        plan, graph = write(plan.checkpoints)
+        return dataclasses.replace(plan, note=note), graph
     if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
         if with_plan is None or without is None:

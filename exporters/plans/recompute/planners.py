@@ -5,6 +5,8 @@
   budget: the fewest recomputed FLOPs whose predicted peak fits a byte budget (SegmentModel
           finds exact plans for a limit; the static predictor judges each on its rewritten
           graph)
+  optimal: the lowest segment-model peak whose recomputed FLOPs stay within a step budget
+          (exact over every subset of the cut points)
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class PlanRequest:
     # checkpoints -> predicted peak bytes of the step with that plan written in (the static
     # predictor on the rewritten graph); the budget planner checks its answer with it
     predict_peak: Callable[[tuple[str, ...]], int] | None = None
+    max_extra_flops: int | None = None  # the optimal planner's budget of recomputed FLOPs
 
 
 def plan_none(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
@@ -107,6 +110,33 @@ def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
         f"bytes, lower the micro-batch (--micro-batch), or use a smaller network.")
 
 
+def plan_optimal(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
+    """The plan with the lowest segment-model peak whose recomputed FLOPs are at most
+    req.max_extra_flops (fewest FLOPs among plans of that peak). Exact on the model: its
+    cheapest plan within a byte limit L (SegmentModel.cheapest_within, dynamic programming
+    over every subset of cut points) costs fewer FLOPs the larger L is, so the smallest L whose
+    cheapest plan fits the FLOP budget, found by bisection over whole bytes, is the optimum."""
+    if req.max_extra_flops is None or not req.tensor_bytes:
+        raise ValueError("the optimal planner needs tensor sizes and a FLOP budget (the "
+                         "export's recompute_time_ratio)")
+    if len(fwd.cuts) < 1:
+        return ()
+    model = SegmentModel(fwd, req)
+    lo, hi = model.peak(model.lowest_peak()), model.peak(())
+    best = model.cheapest_within(lo)
+    if best is not None and model.flops(best) <= req.max_extra_flops:
+        return best
+    best = ()  # keeping every tensor: the peak hi at no extra FLOPs
+    while hi - lo > 1:  # the plan at hi fits the FLOP budget, none at lo does
+        mid = (lo + hi) // 2
+        ck = model.cheapest_within(mid)
+        if ck is not None and model.flops(ck) <= req.max_extra_flops:
+            hi, best = mid, ck
+        else:
+            lo = mid
+    return best
+
+
 BUDGET_SEARCH_STEPS = 512  # the search stops when the limit is known to 1/512 of its range
 GREEDY_MAX_CHECKPOINTS = 4  # the greedy fallback's rounds (each predicts every cut once)
 
@@ -149,6 +179,7 @@ PLANNERS: dict[str, Callable[[Forward, PlanRequest], tuple[str, ...]]] = {
     "none": plan_none,
     "sqrt": plan_sqrt,
     "budget": plan_budget,
+    "optimal": plan_optimal,
 }
 
 

@@ -1,0 +1,74 @@
+"""The optimal recompute planner: the lowest peak within a FLOP budget, as exhaustive search
+finds it, and written into an exported artifact with the same gradients."""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from edgetrain.manifest import Plan, load_manifest
+from exporters.export import ExportOptions, export_artifact
+from exporters.plans.recompute import Forward, PlanRequest, SegmentModel
+from exporters.plans.recompute.planners import plan_optimal
+from test_recompute import chain, one_step_gradients
+
+
+def _chain_forward(sizes, costs) -> tuple[Forward, PlanRequest]:
+    nodes, size, flops = [], {}, {}
+    for k, (b, f) in enumerate(zip(sizes, costs)):
+        nodes.append(onnx.helper.make_node("Relu", [f"t{k}"], [f"t{k + 1}"], name=f"n{k}"))
+        size[f"t{k + 1}"], flops[f"n{k}"] = b, f
+    n = len(sizes)
+    fwd = Forward(tuple(nodes), tuple(f"t{k}" for k in range(1, n)),
+                  frozenset(f"t{k}" for k in range(1, n + 1)), {f"t{k + 1}": k for k in range(n)})
+    return fwd, PlanRequest(tensor_bytes=size, node_flops=flops)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_optimal_plan_is_the_lowest_peak_within_the_flop_budget(seed):
+    rng = np.random.default_rng(seed)
+    sizes, costs = rng.integers(1, 40, 10).tolist(), rng.integers(1, 9, 10).tolist()
+    fwd, req = _chain_forward(sizes, costs)
+    seg = SegmentModel(fwd, req)
+    plans = [c for r in range(len(fwd.cuts) + 1) for c in combinations(fwd.cuts, r)]
+    most = max(seg.flops(c) for c in plans)
+    for budget in range(0, most + 2):
+        req_b = PlanRequest(tensor_bytes=req.tensor_bytes, node_flops=req.node_flops,
+                            max_extra_flops=budget)
+        found = plan_optimal(fwd, req_b)
+        best = min(seg.peak(c) for c in plans if seg.flops(c) <= budget)
+        assert seg.flops(found) <= budget
+        assert seg.peak(found) == best, (budget, found)
+    # a budget of no FLOPs allows only checkpoints whose segments rebuild nothing
+    free = plan_optimal(fwd, PlanRequest(tensor_bytes=req.tensor_bytes,
+                                         node_flops=req.node_flops, max_extra_flops=0))
+    assert seg.flops(free) == 0
+
+
+def test_the_optimal_planner_needs_its_budget():
+    fwd, req = _chain_forward([4, 5, 6], [1, 1, 1])
+    with pytest.raises(ValueError, match="FLOP budget"):
+        plan_optimal(fwd, req)
+
+
+def test_an_optimal_export_keeps_the_gradients_and_records_its_budget(tmp_path):
+    opts = ExportOptions(plan=Plan(micro_batch=4), recompute="optimal",
+                         recompute_time_ratio=1.25)
+    m = export_artifact(chain(), torch.zeros(2, 3, 32, 32), tmp_path / "opt",
+                        classes=list("abcd"), options=opts)
+    none = export_artifact(chain(), torch.zeros(2, 3, 32, 32), tmp_path / "none",
+                           classes=list("abcd"), options=opts.replace(recompute="none"))
+    assert m.plan.recompute == "optimal" and m.plan.recompute_time_ratio == 1.25
+    assert none.plan.recompute_time_ratio is None
+    assert m.plan.checkpoints and "within 1.25x the step's FLOPs" in m.plan.recompute_note
+    assert load_manifest(tmp_path / "opt").plan == m.plan
+    assert m.predicted["peak_bytes"] < none.predicted["peak_bytes"]
+    a, b = one_step_gradients(tmp_path / "none"), one_step_gradients(tmp_path / "opt")
+    for name in a:
+        ga, gb = np.array(a[name]), np.array(b[name])
+        assert np.abs(ga - gb).max() <= 1e-6 * max(1e-12, np.abs(ga).max()), name
+    with pytest.raises(ValueError, match="at least 1.0"):
+        ExportOptions(recompute="optimal", recompute_time_ratio=0.9)

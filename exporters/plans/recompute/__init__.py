@@ -87,24 +87,24 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
             max_extra_flops=(None if time_ratio is None
                              else int((time_ratio - 1.0) * step_flops)))
     plan = plan_forward(fwd, planner, req)
+    if planner in ("sqrt", "optimal") and plan.checkpoints and predict_model_peak is not None:
+        with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
+        if with_plan is None or without is None:
+            note = (f"no checkpoints: the predictor cannot predict this graph's peak, so "
+                    f"it cannot confirm that the {planner} plan lowers it (on attention graphs "
+                    "it can raise it); `edgetrain measure` an export with and without")
+            plan, graph = write(())
+            return dataclasses.replace(plan, note=note), graph
+        if without - with_plan < min_saving_bytes:
+            note = (f"no checkpoints: the {planner} plan's predicted peak ({with_plan:,} "
+                    f"bytes) is not at least {min_saving_bytes:,} bytes below keeping every "
+                    f"tensor ({without:,} bytes)")
+            plan, graph = write(())
+            return dataclasses.replace(plan, note=note), graph
     if planner == "optimal":
         extra = SegmentModel(fwd, req).flops(plan.checkpoints)
         note = (f"the lowest peak of the segment model within {time_ratio:g}x the step's "
                 f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (predicted)")
         plan, graph = write(plan.checkpoints)
         return dataclasses.replace(plan, note=note), graph
-    if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
-        with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
-        if with_plan is None or without is None:
-            note = ("no checkpoints: the predictor cannot predict this graph's peak, so "
-                    "it cannot confirm that the sqrt plan lowers it (on attention graphs "
-                    "it can raise it); `edgetrain measure` an export with and without")
-            plan, graph = write(())
-            return dataclasses.replace(plan, note=note), graph
-        if without - with_plan < min_saving_bytes:
-            note = (f"no checkpoints: the sqrt plan's predicted peak ({with_plan:,} bytes) "
-                    f"is not at least {min_saving_bytes:,} bytes below keeping every "
-                    f"tensor ({without:,} bytes)")
-            plan, graph = write(())
-            return dataclasses.replace(plan, note=note), graph
     return write(plan.checkpoints)

@@ -64,6 +64,9 @@ def test_an_optimal_export_keeps_the_gradients_and_records_its_budget(tmp_path):
     assert m.plan.recompute == "optimal" and m.plan.recompute_time_ratio == 1.25
     assert none.plan.recompute_time_ratio is None
     assert m.plan.checkpoints and "within 1.25x the step's FLOPs" in m.plan.recompute_note
+    # the copies' FLOPs, counted on the rewritten graph, stay within the budget
+    added = float(m.plan.recompute_note.split(": +")[1].split("%")[0])
+    assert 0 < added <= 25.0, m.plan.recompute_note
     assert load_manifest(tmp_path / "opt").plan == m.plan
     assert m.predicted["peak_bytes"] < none.predicted["peak_bytes"]
     a, b = one_step_gradients(tmp_path / "none"), one_step_gradients(tmp_path / "opt")

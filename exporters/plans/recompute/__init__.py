@@ -23,6 +23,8 @@ from typing import Callable
 
 import onnx
 
+from edgetrain import names
+
 from exporters.predictor.cost import node_costs
 from exporters.graph import without_identities
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
@@ -87,6 +89,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
             max_extra_flops=(None if time_ratio is None
                              else int((time_ratio - 1.0) * step_flops)))
     plan = plan_forward(fwd, planner, req)
+    if planner == "optimal":
+        plan, extra = _within_counted_flops(fwd, req, plan, write, batch)
     if planner in ("sqrt", "optimal") and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
         if with_plan is None or without is None:
@@ -102,9 +106,37 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
             plan, graph = write(())
             return dataclasses.replace(plan, note=note), graph
     if planner == "optimal":
-        extra = SegmentModel(fwd, req).flops(plan.checkpoints)
         note = (f"the lowest peak of the segment model within {time_ratio:g}x the step's "
-                f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (predicted)")
+                f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (counted on the "
+                "rewritten graph)")
         plan, graph = write(plan.checkpoints)
         return dataclasses.replace(plan, note=note), graph
     return write(plan.checkpoints)
+
+
+OPTIMAL_ROUNDS = 4  # plans the optimal planner tries before it settles for a cheaper one
+
+
+def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
+                          batch: int) -> tuple[RecomputePlan, int]:
+    """The optimal plan whose recompute copies, counted on the rewritten graph, stay within
+    req.max_extra_flops, and their FLOPs. The segment model counts the nodes a segment's
+    saved tensors need; the rewrite can copy more (e.g. what a BatchNorm's gradient reads),
+    so a plan over budget is planned again with the model's budget scaled by how far it
+    undercounted, for up to OPTIMAL_ROUNDS plans; then no checkpoints (no extra FLOPs)."""
+    model_req = req
+    for _ in range(OPTIMAL_ROUNDS):
+        extra = _recompute_flops(write(plan.checkpoints)[1], batch)
+        if extra <= req.max_extra_flops:
+            return plan, extra
+        modelled = SegmentModel(fwd, model_req).flops(plan.checkpoints)
+        model_req = dataclasses.replace(model_req, max_extra_flops=int(
+            model_req.max_extra_flops * modelled / max(1, extra)) - 1)
+        if model_req.max_extra_flops < 0:
+            break
+        plan = plan_forward(fwd, "optimal", model_req)
+    return plan_forward(fwd, "none", req), 0
+
+
+def _recompute_flops(graph: onnx.ModelProto, batch: int) -> int:
+    return sum(f for name, _, f, _ in node_costs(graph, batch) if names.is_recompute_name(name))

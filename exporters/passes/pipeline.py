@@ -127,13 +127,16 @@ class Context:
         p = self.predict(graphs)
         return p.peak_bytes if p.complete else None
 
-    def predicted_peak_as_shipped(self, graphs: Graphs) -> int | None:
-        """predicted_peak after the passes still to come (those on the training and eval
-        graphs) ran on a copy of `graphs`."""
+    def as_shipped(self, graphs: Graphs) -> Graphs:
+        """A copy of `graphs` after the passes still to come on the training and eval graphs."""
         shipped = graphs.copy()
         later = tuple(p for p in self.remaining if p.graph in ("training", "eval"))
         run_passes(later, shipped, dataclasses.replace(self))
-        return self.predicted_peak(shipped)
+        return shipped
+
+    def predicted_peak_as_shipped(self, graphs: Graphs) -> int | None:
+        """predicted_peak of `graphs` as they will ship (as_shipped)."""
+        return self.predicted_peak(self.as_shipped(graphs))
 
 
 def run_passes(passes: tuple[Pass, ...], graphs: Graphs, ctx: Context) -> dict[str, int]:

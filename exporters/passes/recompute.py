@@ -16,6 +16,7 @@ from edgetrain import names
 from edgetrain.names import FILES
 from exporters.passes.pipeline import Context, Graphs, Pass
 from exporters.plans.recompute import plan_and_rewrite
+from exporters.predictor.cost import node_costs
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 
@@ -46,11 +47,17 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
     def peak_of(training):
         return judge(dataclasses.replace(graphs, training=training))
 
+    def flops_of(training):  # (step FLOPs without the copies, the copies'), as shipped
+        shipped = ctx.as_shipped(dataclasses.replace(graphs, training=training)).training
+        costs = node_costs(shipped, plan.micro_batch)
+        extra = sum(f for name, _, f, _ in costs if names.is_recompute_name(name))
+        return sum(f for _, _, f, _ in costs) - extra, extra
+
     rplan, graphs.training = plan_and_rewrite(
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,
         predict_model_peak=peak_of, known_shapes=known,
         min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads,
-        time_ratio=plan.recompute_time_ratio)
+        time_ratio=plan.recompute_time_ratio, count_flops=flops_of)
     ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                    recomputed=rplan.recomputed, recompute_note=rplan.note)
     return len(rplan.recomputed)

@@ -45,7 +45,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                      budget_bytes: int | None = None,
                      predict_model_peak: Callable[[onnx.ModelProto], int | None] | None = None,
                      known_shapes: Shapes | None = None,
-                     min_saving_bytes: int = 0, time_ratio: float | None = None
+                     min_saving_bytes: int = 0, time_ratio: float | None = None,
+                     count_flops: Callable[[onnx.ModelProto], tuple[int, int]] | None = None
                      ) -> tuple[RecomputePlan, onnx.ModelProto]:
     """Plan recompute for the training graph `original`; returns the plan and the graph with
     it written in (`original` itself when the plan rewrites nothing; never changed).
@@ -57,7 +58,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     no checkpoints when they do not lower it by at least min_saving_bytes). known_shapes:
     tensor shapes found by evaluating the forward graph. time_ratio: the optimal planner's
     budget, the step's FLOPs with the plan at most this many times those without it (FLOPs
-    stand in for time: a prediction; `edgetrain measure` times the step)."""
+    stand in for time: a prediction; `edgetrain measure` times the step). count_flops(graph):
+    (the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph as it
+    will ship (default: counted on the graph as given)."""
     model, renamed = without_identities(original)
     fwd = analyse(model)
 
@@ -77,9 +80,10 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         return predict_model_peak(write(checkpoints)[1])
 
     req = PlanRequest(budget_bytes=budget_bytes)
+    count = count_flops or (lambda graph: _counted_flops(graph, batch))
     if planner != "none":
         costs = node_costs(model, batch)
-        step_flops = sum(f for _, _, f, _ in costs)
+        step_flops = count(write(())[1])[0] if planner == "optimal" else 0
         req = PlanRequest(
             budget_bytes=budget_bytes,
             tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
@@ -90,7 +94,7 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                              else int((time_ratio - 1.0) * step_flops)))
     plan = plan_forward(fwd, planner, req)
     if planner == "optimal":
-        plan, extra = _within_counted_flops(fwd, req, plan, write, batch)
+        plan, extra = _within_counted_flops(fwd, req, plan, write, count)
     if planner in ("sqrt", "optimal") and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
         if with_plan is None or without is None:
@@ -108,7 +112,7 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     if planner == "optimal":
         note = (f"the lowest peak of the segment model within {time_ratio:g}x the step's "
                 f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (counted on the "
-                "rewritten graph)")
+                "graph as it ships)")
         plan, graph = write(plan.checkpoints)
         return dataclasses.replace(plan, note=note), graph
     return write(plan.checkpoints)
@@ -118,7 +122,7 @@ OPTIMAL_ROUNDS = 4  # plans the optimal planner tries before it settles for a ch
 
 
 def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
-                          batch: int) -> tuple[RecomputePlan, int]:
+                          count) -> tuple[RecomputePlan, int]:
     """The optimal plan whose recompute copies, counted on the rewritten graph, stay within
     req.max_extra_flops, and their FLOPs. The segment model counts the nodes a segment's
     saved tensors need; the rewrite can copy more (e.g. what a BatchNorm's gradient reads),
@@ -126,7 +130,7 @@ def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, w
     undercounted, for up to OPTIMAL_ROUNDS plans; then no checkpoints (no extra FLOPs)."""
     model_req = req
     for _ in range(OPTIMAL_ROUNDS):
-        extra = _recompute_flops(write(plan.checkpoints)[1], batch)
+        extra = count(write(plan.checkpoints)[1])[1]
         if extra <= req.max_extra_flops:
             return plan, extra
         modelled = SegmentModel(fwd, model_req).flops(plan.checkpoints)
@@ -138,5 +142,8 @@ def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, w
     return plan_forward(fwd, "none", req), 0
 
 
-def _recompute_flops(graph: onnx.ModelProto, batch: int) -> int:
-    return sum(f for name, _, f, _ in node_costs(graph, batch) if names.is_recompute_name(name))
+def _counted_flops(graph: onnx.ModelProto, batch: int) -> tuple[int, int]:
+    """(the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph."""
+    costs = node_costs(graph, batch)
+    extra = sum(f for name, _, f, _ in costs if names.is_recompute_name(name))
+    return sum(f for _, _, f, _ in costs) - extra, extra

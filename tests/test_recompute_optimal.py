@@ -73,5 +73,9 @@ def test_an_optimal_export_keeps_the_gradients_and_records_its_budget(tmp_path):
     for name in a:
         ga, gb = np.array(a[name]), np.array(b[name])
         assert np.abs(ga - gb).max() <= 1e-6 * max(1e-12, np.abs(ga).max()), name
+    # a budget of no extra FLOPs: nothing recomputed, and the note says why
+    flat = export_artifact(chain(), torch.zeros(2, 3, 32, 32), tmp_path / "flat",
+                           classes=list("abcd"), options=opts.replace(recompute_time_ratio=1.0))
+    assert not flat.plan.recomputed and "no checkpoints" in flat.plan.recompute_note
     with pytest.raises(ValueError, match="at least 1.0"):
         ExportOptions(recompute="optimal", recompute_time_ratio=0.9)

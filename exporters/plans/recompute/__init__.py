@@ -112,7 +112,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     if planner == "optimal":
         note = (f"the lowest peak of the segment model within {time_ratio:g}x the step's "
                 f"FLOPs: +{extra / max(1, step_flops):.1%} FLOPs recomputed (counted on the "
-                "graph as it ships)")
+                "graph as it ships)" if plan.checkpoints else
+                f"no checkpoints: no plan that lowers the segment model's peak keeps the step "
+                f"within {time_ratio:g}x its FLOPs")
         plan, graph = write(plan.checkpoints)
         return dataclasses.replace(plan, note=note), graph
     return write(plan.checkpoints)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common import ROOT, run, stamp
+from device_sim.profiles import TIER_PLANS
 
 # every mode adapts BatchNorm statistics first (label-free); labelled modes then train
 MODES = {"label-free": ["--labels-per-class", "0", "--adapt", "bn"],
@@ -56,25 +57,21 @@ RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); Batc
 
 @dataclass(frozen=True)
 class Tier:
-    """The network as the product ships it to one device tier (docs/devices.md)."""
+    """A tier's plan as the product ships it (device_sim.profiles.TIER_PLANS), run here with
+    one ORT thread: two runs side by side on a 2-core machine, neither spinning on the other."""
     device: str
     model: str = "imu_cnn"
     width: float | None = None
     update: str = "all"
     micro_batch: int = 8
-    threads: int = 1  # two runs side by side on a 2-core machine, neither spinning on the other
+    threads: int = 1
 
     @property
     def label(self) -> str:
-        w = f" width {self.width:g}" if self.width is not None else ""
-        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}"
+        return TIER_PLANS[self.device].label
 
 
-TIERS = {t.device: t for t in [
-    Tier("watchos-extension"),
-    Tier("mcu-2mb", width=0.5),
-    Tier("mcu-256kb", width=0.25, update="head", micro_batch=2),
-]}
+TIERS = {d: Tier(**asdict(p)) for d, p in TIER_PLANS.items()}
 
 
 def folds(dataset: str) -> tuple[tuple[int, ...], ...]:
@@ -93,11 +90,9 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> None:
-    width = ["--width", str(tier.width)] if tier.width is not None else []
-    run("export", "--model", tier.model, *width, "--dataset", dataset, "--holdout-user",
-        str(users[0]), "--also-holdout", ",".join(map(str, users[1:])), "--update", tier.update,
-        "--micro-batch", str(tier.micro_batch), "--threads", str(tier.threads), "--out",
-        str(out), "--json")
+    run("export", *TIER_PLANS[tier.device].export_args(), "--dataset", dataset,
+        "--holdout-user", str(users[0]), "--also-holdout", ",".join(map(str, users[1:])),
+        "--threads", str(tier.threads), "--out", str(out), "--json")
 
 
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,

@@ -74,6 +74,36 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
 ]}
 
 
+@dataclass(frozen=True)
+class TierPlan:
+    """What the product ships to a device tier for raw IMU windows: the network, its width,
+    what trains and the micro-batch. Each is measured there by bench/personalise.py (its
+    peak under the tier's budget and its personalisation gain, docs/devices.md)."""
+    device: str
+    model: str = "imu_cnn"
+    width: float | None = None  # None: the network's default
+    update: str = "all"
+    micro_batch: int = 8
+
+    @property
+    def label(self) -> str:
+        w = f" width {self.width:g}" if self.width is not None else ""
+        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}"
+
+    def export_args(self) -> list[str]:
+        """`edgetrain export` options that build this tier's artifact."""
+        width = ["--width", f"{self.width:g}"] if self.width is not None else []
+        return ["--model", self.model, *width, "--update", self.update, "--micro-batch",
+                str(self.micro_batch)]
+
+
+TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [
+    TierPlan("watchos-extension"),
+    TierPlan("mcu-2mb", width=0.5),
+    TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2),
+]}
+
+
 def get_profile(name: str) -> DeviceProfile:
     if name not in PROFILES:
         raise ValueError(f"unknown device profile {name!r}; choose one of {sorted(PROFILES)} "

@@ -8,7 +8,7 @@ from edgetrain.budget import (RUNTIME_SCALAR_BYTES, BudgetError, BudgetSplit, ar
                             budget_error_from, fixes, with_prediction)
 from edgetrain.manifest import Plan
 from device_sim.measure import MARK, parse_arena_log
-from device_sim.profiles import PROFILES, get_profile
+from device_sim.profiles import PROFILES, TIER_PLANS, get_profile
 from edgetrain.cli import parse_bytes
 
 
@@ -20,6 +20,17 @@ def test_every_profile_is_documented_and_sane(name):
     from pathlib import Path
     docs = (Path(__file__).parent.parent / "docs" / "devices.md").read_text()
     assert f"`{name}`" in docs
+
+
+def test_every_tier_plan_is_for_a_profile_and_in_the_docs():
+    from pathlib import Path
+    docs = (Path(__file__).parent.parent / "docs" / "devices.md").read_text()
+    for device, plan in TIER_PLANS.items():
+        assert device in PROFILES and plan.device == device
+        assert f"| `{device}` |" in docs and plan.label in docs, plan.label
+        args = plan.export_args()
+        assert args[args.index("--update") + 1] == plan.update
+        assert args[args.index("--micro-batch") + 1] == str(plan.micro_batch)
 
 
 def test_unknown_profile():

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from device_sim.profiles import PROFILES
+from device_sim.profiles import PROFILES, TIER_PLANS
 from edgetrain.cli.common import (budget_advice, budget_option, check_target, device_option,
                                   exit_on_device_errors, json_option, mib, progress_bar,
                                   resolve_budget)
@@ -17,13 +17,17 @@ from edgetrain.cli.common import (budget_advice, budget_option, check_target, de
 def devices(as_json):
     """List the device profiles and their RAM budgets for training."""
     if as_json:
-        click.echo(json.dumps({n: {**vars(p), "target": p.target} for n, p in PROFILES.items()},
-                              indent=2))
+        click.echo(json.dumps({n: {**vars(p), "target": p.target, "ships": (
+            {**vars(TIER_PLANS[n]), "export_args": TIER_PLANS[n].export_args()}
+            if n in TIER_PLANS else None)} for n, p in PROFILES.items()}, indent=2))
         return
     for p in PROFILES.values():
         size = (f"{p.ram_budget_bytes / 2**20:8.1f} MiB" if p.ram_budget_bytes >= 2**20
                 else f"{p.ram_budget_bytes / 2**10:8.0f} KiB")
         click.echo(f"{p.name:18s} {size}  {p.target:8s}  {p.description}")
+        if p.name in TIER_PLANS:
+            click.echo(f"{'':18s} ships: {TIER_PLANS[p.name].label} "
+                       f"(edgetrain export {' '.join(TIER_PLANS[p.name].export_args())})")
 
 
 @click.command(options_metavar="--batch N [--device P | --budget BYTES] [OPTIONS]")

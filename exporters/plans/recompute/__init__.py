@@ -125,8 +125,8 @@ OPTIMAL_ROUNDS = 4  # plans the optimal planner tries before it settles for a ch
 
 def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
                           count) -> tuple[RecomputePlan, int]:
-    """The optimal plan whose recompute copies, counted on the rewritten graph, stay within
-    req.max_extra_flops, and their FLOPs. The segment model counts the nodes a segment's
+    """The optimal plan whose recompute copies, counted by `count` on the graph as it will
+    ship, stay within req.max_extra_flops, and their FLOPs. The segment model counts the nodes a segment's
     saved tensors need; the rewrite can copy more (e.g. what a BatchNorm's gradient reads),
     so a plan over budget is planned again with the model's budget scaled by how far it
     undercounted, for up to OPTIMAL_ROUNDS plans; then no checkpoints (no extra FLOPs)."""

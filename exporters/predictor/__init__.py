@@ -161,6 +161,14 @@ def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
             for p in plans]
 
 
+def claimed_plan(train: str, eval_model: str, batch: int, threads: int
+                 ) -> tuple[StepPlan, int]:
+    """The step's plan the prediction claims (the larger of activation_plans), with its
+    activation bytes; shapes from running the eval graph forward where ORT can."""
+    return max(activation_plans(train, batch, threads, known_shapes(eval_model, batch)),
+               key=lambda pa: pa[1])
+
+
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
             threads: int) -> Prediction:
     """Predicted peak of the training cycle at `batch` for the artifact in `folder`.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from edgetrain import names
 from edgetrain.budget import arena_rounded
-from exporters.predictor import activation_plans, known_shapes
+from exporters.predictor import claimed_plan
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import StepPlan
 
@@ -72,8 +72,7 @@ def activation_parts(training_model: str, block_of_node, outputs: set[str], eval
                      ) -> ActivationParts:
     """The parts of the step's activations at `batch`. block_of_node(name) -> block name;
     outputs: the forward nodes' outputs (the rest of the live buffers are backward's)."""
-    plan, acts = max(activation_plans(training_model, batch, threads,
-                                      known_shapes(eval_model, batch)), key=lambda pa: pa[1])
+    plan, acts = claimed_plan(training_model, eval_model, batch, threads)
     graph = optimized_graph(training_model)
     producer = {o: n.name for n in graph.graph.node for o in n.output if o}
     blocks: dict[str, dict[str, int]] = {}
@@ -97,8 +96,7 @@ class MasksAtPeak:
 def masks_at_peak(training_model: str, eval_model: str, batch: int, threads: int
                   ) -> MasksAtPeak:
     """The masks live at the fullest moment of the plan the prediction claims (predicted)."""
-    plan, _ = max(activation_plans(training_model, batch, threads,
-                                   known_shapes(eval_model, batch)), key=lambda pa: pa[1])
+    plan, _ = claimed_plan(training_model, eval_model, batch, threads)
     masks = {n.output[0] for n in optimized_graph(training_model).graph.node
              if n.op_type == "Greater" and n.name.endswith(names.RELU_MASK_SUFFIX + "/greater")}
     # a mask's PassThrough copy (`<mask>_kept`) aliases the mask's buffer

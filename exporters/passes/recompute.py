@@ -15,8 +15,7 @@ import dataclasses
 from edgetrain import names
 from edgetrain.names import FILES
 from exporters.passes.pipeline import Context, Graphs, Pass
-from exporters.plans.recompute import plan_and_rewrite
-from exporters.predictor.cost import node_costs
+from exporters.plans.recompute import counted_flops, plan_and_rewrite
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 
@@ -49,9 +48,7 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
 
     def flops_of(training):  # (step FLOPs without the copies, the copies'), as shipped
         shipped = ctx.as_shipped(dataclasses.replace(graphs, training=training)).training
-        costs = node_costs(shipped, plan.micro_batch)
-        extra = sum(f for name, _, f, _ in costs if names.is_recompute_name(name))
-        return sum(f for _, _, f, _ in costs) - extra, extra
+        return counted_flops(shipped, plan.micro_batch)
 
     rplan, graphs.training = plan_and_rewrite(
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,

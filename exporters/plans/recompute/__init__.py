@@ -37,8 +37,9 @@ from exporters.plans.recompute.rewrite import apply
 from exporters.plans.recompute.segment_model import SegmentModel
 
 __all__ = ["PLANNERS", "Forward", "PlanRequest", "RecomputePlan", "SegmentModel", "analyse",
-           "apply", "budget_for_peak", "headroom_bytes", "make_plan", "plan_and_rewrite",
-           "plan_forward", "recomputed_tensors", "rematerialize_masked_weights", "segments"]
+           "apply", "budget_for_peak", "counted_flops", "headroom_bytes", "make_plan",
+           "plan_and_rewrite", "plan_forward", "recomputed_tensors",
+           "rematerialize_masked_weights", "segments"]
 
 
 def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
@@ -80,7 +81,7 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         return predict_model_peak(write(checkpoints)[1])
 
     req = PlanRequest(budget_bytes=budget_bytes)
-    count = count_flops or (lambda graph: _counted_flops(graph, batch))
+    count = count_flops or (lambda graph: counted_flops(graph, batch))
     if planner != "none":
         costs = node_costs(model, batch)
         step_flops = count(write(())[1])[0] if planner == "optimal" else 0
@@ -94,7 +95,7 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                              else int((time_ratio - 1.0) * step_flops)))
     plan = plan_forward(fwd, planner, req)
     if planner == "optimal":
-        plan, extra = _within_counted_flops(fwd, req, plan, write, count)
+        plan, extra = _withincounted_flops(fwd, req, plan, write, count)
     if planner in ("sqrt", "optimal") and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_peak(plan.checkpoints), predict_peak(())
         if with_plan is None or without is None:
@@ -123,7 +124,7 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
 OPTIMAL_ROUNDS = 4  # plans the optimal planner tries before it settles for a cheaper one
 
 
-def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
+def _withincounted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
                           count) -> tuple[RecomputePlan, int]:
     """The optimal plan whose recompute copies, counted by `count` on the graph as it will
     ship, stay within req.max_extra_flops, and their FLOPs. The segment model counts the nodes a segment's
@@ -144,7 +145,7 @@ def _within_counted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, w
     return plan_forward(fwd, "none", req), 0
 
 
-def _counted_flops(graph: onnx.ModelProto, batch: int) -> tuple[int, int]:
+def counted_flops(graph: onnx.ModelProto, batch: int) -> tuple[int, int]:
     """(the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph."""
     costs = node_costs(graph, batch)
     extra = sum(f for name, _, f, _ in costs if names.is_recompute_name(name))

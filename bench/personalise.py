@@ -47,7 +47,10 @@ EPOCHS = 5
 # top of MODES, each variant's rows in their own file. "default" is the product's recipe.
 RECIPES = {"default": [],
            "adapt-guard-windows": ["--adapt-guard", "windows"],
-           "no-adapt": ["--adapt", "none"]}
+           "no-adapt": ["--adapt", "none"],
+           "margin-0": ["--guard-margin", "0"],
+           "mix-0.5": ["--mix", "0.5"],
+           "mix-validation": ["--mix", "default"]}
 RESULTS = ROOT / "bench" / "results"
 TUNING_USERS = {"hapt": (1, 2, 3, 4, 5, 6), "watch": (10,)}
 RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); BatchNorm "

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import errno
 import mmap
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -49,6 +51,35 @@ def _moments(buf: bytearray) -> dict[str, list[np.ndarray]]:
                 views.append(t.RawDataAsNumpy().view(np.float32))
             out.setdefault(state.ParamName().decode(), []).extend(views)
     return out
+
+
+@contextmanager
+def trainable_weights(path: Path, manifest) -> Iterator[dict[str, np.ndarray]]:
+    """Read-only float32 views of the trainable tensors of a checkpoint of this artifact,
+    shaped as the manifest says, by name: the file is mapped, not copied into memory. Refuses
+    (ArtifactError) a checkpoint that is not this artifact's (refuse_odd_checkpoint). Use the
+    views inside the `with` block only."""
+    refuse_odd_checkpoint(path, manifest, f"checkpoint {path}")
+    f = open(path, "rb")
+    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        state = _checkpoint(buf).ModuleState()
+        raw = {state.RequiresGradParams(i).Name().decode(): state.RequiresGradParams(i)
+               for i in range(state.RequiresGradParamsLength())}
+        views = {}
+        for spec in manifest.trainable:
+            if raw[spec.name].DataType() != _FLOAT:
+                raise ArtifactError(f"checkpoint {path} is refused: {spec.name!r} is not float32")
+            views[spec.name] = raw[spec.name].RawDataAsNumpy().view(np.float32).reshape(spec.shape)
+        raw.clear()
+        yield views
+    finally:
+        views = raw = state = None
+        try:
+            buf.close()
+        except BufferError:  # a view outlived the block: the mapping closes with it
+            pass
+        f.close()
 
 
 def optimizer_moments(buf: bytes | bytearray) -> dict[str, list[np.ndarray]]:

@@ -26,6 +26,7 @@ import numpy as np
 
 from edgetrain import names, signing, trainloop
 from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.interpolation import check_mixes
 from edgetrain.masks import MaskSchedule
 from edgetrain.arenacapture import ArenaCapture
 from edgetrain.ort_device import onnxruntime
@@ -53,10 +54,14 @@ class TrainConfig:
     # "auto": bn where the artifact has BatchNorm layers
     labels_per_class: int | None = None  # train on each class's first N windows only
     adapt_guard: str = "loss"  # the guard's rule for the adapted start (selection.ADAPT_GUARDS)
+    # weight interpolation: mixes of the start and the best trained weights scored on the
+    # validation slice after training (edgetrain/interpolation.py); () tries none
+    mixes: tuple[float, ...] = ()
 
     def fingerprint(self) -> dict:
         """What a resumed run must share with the run it continues."""
-        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+        return {k: v for k, v in asdict(self).items()
+                if k != "checkpoint_every" and not (k == "mixes" and not v)}  # as before mixes
 
     def __post_init__(self):
         if self.epochs < 0:
@@ -70,6 +75,7 @@ class TrainConfig:
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"learning rate must be a finite number above 0, got {self.lr}")
         check_settings(self.lrs, self.patience, self.guard_margin, self.adapt_guard)
+        check_mixes(self.mixes)
         if self.adapt not in ADAPTS:
             raise ValueError(f"unknown adaptation {self.adapt!r}; choose one of {ADAPTS}")
         if self.labels_per_class is not None and self.labels_per_class < 1:
@@ -101,6 +107,7 @@ class PersonaliseResult:
     validation_windows: int | None = None  # size of the validation slice (None: no selection)
     guard: dict | None = None  # the do-no-harm decision and both validation scores
     history: list | None = None  # every epoch's validation score
+    mixes: list | None = None  # every mix of start and best scored on validation (interpolation)
     adapt: str = "none"
     labels_per_class: int | None = None
     # which test windows were right before and after, "0"/"1" each in order (paired bootstrap)

@@ -118,6 +118,7 @@ class Decision:
     statistics_only: bool = False  # the best is the adapted start: no weight trained
     adapted: Score | None = None  # the start after BatchNorm adaptation, when the run adapted
     adapt_guard: str = "loss"  # the rule the adapted start was kept or refused by
+    best_mix: float | None = None  # the best is this mix of the start and the trained best
 
     @property
     def message(self) -> str:
@@ -136,9 +137,12 @@ class Decision:
                     f"({self.best.correct}/{self.best.windows} validation windows right, the "
                     f"population model {self.population.correct}/{self.population.windows}; "
                     "training found nothing better)")
+        mixed = ("" if self.best_mix is None else f", mixed {self.best_mix:g} of the way from "
+                 "the start")
         return (f"personalised: {self.best.correct}/{self.best.windows} validation windows "
                 f"right, the population model {self.population.correct}/"
-                f"{self.population.windows} (lr {self.best_lr:g}, {self.best_epoch} epochs)")
+                f"{self.population.windows} (lr {self.best_lr:g}, {self.best_epoch} epochs"
+                f"{mixed})")
 
     def to_dict(self) -> dict:
         return {"kept_population": self.kept_population, "message": self.message,
@@ -146,12 +150,12 @@ class Decision:
                 "best_lr": self.best_lr, "best_epoch": self.best_epoch,
                 "margin_windows": self.margin_windows, "statistics_only": self.statistics_only,
                 "adapted": None if self.adapted is None else self.adapted.to_dict(),
-                "adapt_guard": self.adapt_guard}
+                "adapt_guard": self.adapt_guard, "best_mix": self.best_mix}
 
 
 def decide(population: Score, best: Score, best_lr: float | None, best_epoch: int,
            margin_windows: int, adapted: Score | None = None,
-           adapt_guard: str = "loss") -> Decision:
+           adapt_guard: str = "loss", best_mix: float | None = None) -> Decision:
     """The guard: keep the population model unless the best trained candidate gains
     margin_windows validation windows over it.
 
@@ -161,12 +165,13 @@ def decide(population: Score, best: Score, best_lr: float | None, best_epoch: in
     is ranked by (Score.beats), or with adapt_guard "windows" if it loses no window: no
     margin, since the adapted start is one candidate fixed before any label is read, not the
     best of many (the label-free mode, with no labels to score it, applies it with no guard
-    at all)."""
+    at all). best_mix: the best trained candidate is this mix of the start and the trained
+    weights (edgetrain/interpolation.py)."""
     trained = best_epoch > 0 and best.correct >= population.correct + max(margin_windows, 0) \
         and (best.correct > population.correct or best.loss < population.loss)
     if trained:
         return Decision(False, population, best, best_lr, best_epoch, margin_windows,
-                        adapted=adapted, adapt_guard=adapt_guard)
+                        adapted=adapted, adapt_guard=adapt_guard, best_mix=best_mix)
     if adapted is not None and ADAPT_GUARDS[adapt_guard](population, adapted):
         return Decision(False, population, adapted, None, 0, margin_windows, True, adapted,
                         adapt_guard)

@@ -13,9 +13,7 @@ resumed run replays exactly what an uninterrupted one does.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
 import time
 from pathlib import Path
@@ -24,18 +22,19 @@ import numpy as np
 
 from edgetrain import names
 from edgetrain import resume as resume_points
+from edgetrain.candidates import (SELECT_DIR, check_select_files, prune_best, save_weights,
+                                  score_epoch)
 from edgetrain.faultpoints import fault_point
 from edgetrain.feed import Feed
-from edgetrain.manifest import sha256_file
+from edgetrain.interpolation import best_mix
 from edgetrain.masks import UPDATERS
 from edgetrain.runtime import DeviceRuntime
 from edgetrain.samples import Rows
-from edgetrain.selection import (Score, decide, lr_grid, record_epoch, score, stopped,
+from edgetrain.selection import (Score, decide, lr_grid, score, stopped,
                                  test_accuracy)
 from edgetrain.shuffle import Shuffle
 from edgetrain.userdata import first_per_class
 
-SELECT_DIR = "select"  # in the run folder: start (the candidates' weights), best
 
 
 class TrainingDiverged(RuntimeError):
@@ -109,7 +108,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     t_select = time.perf_counter()
     if point is not None:
         before, sel = point.accuracy_before, dict(point.selection or {})
-        _check_select_files(sel_dir, sel)
+        check_select_files(sel_dir, sel)
     else:
         sel = {"candidate": 0, "since_best": 0, "history": []}
         before = None
@@ -126,7 +125,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
             sel.update(start=start.to_dict(), best=start.to_dict(), best_lr=None, best_epoch=0)
         if len(lrs) > 1 or val_feed is not None:
             sel_dir.mkdir(exist_ok=True)
-            sel["start_sha256"] = _save(rt, sel_dir / "start")
+            sel["start_sha256"] = save_weights(rt, sel_dir / "start")
             if val_feed is not None:
                 sel.update(best_file="start", best_sha256=sel["start_sha256"])
     select_time = time.perf_counter() - t_select
@@ -192,12 +191,12 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                     regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)
                     mask_updates += 1
                 if s + 1 == steps_per_epoch and val_feed is not None:
-                    _score_epoch(rt, sel, score(evaluate_on(val_feed), val[1][:]), lrs[c],
+                    score_epoch(rt, sel, score(evaluate_on(val_feed), val[1][:]), lrs[c],
                                  epoch + 1, sel_dir / f"best-{steps:08d}")
                 if (s + 1 == steps_per_epoch or stop.signum is not None
                         or (config.checkpoint_every and steps % config.checkpoint_every == 0)):
                     commit(c, epoch, s + 1, rng, epoch_rng_state)
-                    _prune_best(out, sel_dir)
+                    prune_best(out, sel_dir)
                 if stop.signum is not None:
                     name = signal.Signals(stop.signum).name
                     raise Interrupted(f"stopped by {name} after optimizer step {steps}; a resume "
@@ -207,10 +206,18 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                     progress(steps, total, f"lr {lrs[c]:g}, epoch {epoch + 1}/{config.epochs}")
     train_time = time.perf_counter() - t0
     decision = None
+    if val_feed is not None and config.mixes and sel["best_epoch"] > 0:
+        mix, won, sel["mixes"] = best_mix(rt.state.parameters, m, sel_dir / "start",
+                                          sel_dir / sel["best_file"], config.mixes,
+                                          lambda: score(evaluate_on(val_feed), val[1][:]))
+        if mix != 1.0:  # the runtime holds the mix: it becomes the best the guard judges
+            sel.update(best=won.to_dict(), best_mix=mix, best_file="mix",
+                       best_sha256=save_weights(rt, sel_dir / "mix"))
     if val_feed is not None:
         decision = decide(Score.from_dict(sel["population"]), Score.from_dict(sel["best"]),
                           sel["best_lr"], sel["best_epoch"], config.guard_margin,
-                          Score.from_dict(sel["start"]) if adapt else None, config.adapt_guard)
+                          Score.from_dict(sel["start"]) if adapt else None, config.adapt_guard,
+                          sel.get("best_mix"))
         chosen = "start" if decision.statistics_only else sel["best_file"]
         rt.load_checkpoint(rt.folder / m.files[names.CHECKPOINT].path if decision.kept_population
                            else sel_dir / chosen)
@@ -233,44 +240,9 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         damaged_resume_points_moved_to=set_aside, learning_rates=list(lrs),
         validation_windows=len(val[1]) if val is not None else None,
         guard=decision.to_dict() if decision else None, history=sel["history"],
+        mixes=sel.get("mixes"),
         adapt="bn" if adapt else "none", labels_per_class=config.labels_per_class,
         test_correct_before=sel.get("test_correct_before"), test_correct_after=correct_after)
-
-
-def _save(rt: DeviceRuntime, path: Path) -> str:
-    """Weights only: a candidate restarts with fresh AdamW moments, made inside the cap."""
-    return sha256_file(rt.save_checkpoint(path, optimizer_state=False))
-
-
-def _score_epoch(rt, sel: dict, s: Score, lr: float, epoch: int, path: Path) -> None:
-    """Record an epoch's validation score; a new best is saved (keep-best) under a new name,
-    so the best a committed resume point names is never overwritten."""
-    if record_epoch(sel, s, lr, epoch):
-        sel.update(best_file=path.name, best_sha256=_save(rt, path))
-
-
-def _prune_best(out: Path, sel_dir: Path) -> None:
-    """Delete saved bests that no kept resume point names (resume/ keeps its two newest)."""
-    named = set()
-    for state in (out / resume_points.RESUME_DIR).glob("state-*.json"):
-        try:
-            named.add((json.loads(state.read_text()).get("selection") or {}).get("best_file"))
-        except ValueError:
-            return  # an unreadable state: keep everything
-    for p in sel_dir.glob("best-*"):
-        if p.name not in named:
-            p.unlink(missing_ok=True)
-
-
-def _check_select_files(sel_dir: Path, sel: dict) -> None:
-    for name, key in ((sel.get("best_file"), "best_sha256"), ("start", "start_sha256")):
-        want = sel.get(key)
-        path = sel_dir / str(name)
-        if want and (os.path.basename(str(name)) != name or not path.is_file()
-                     or path.is_symlink() or sha256_file(path) != want):
-            raise resume_points.ResumeError(
-                f"{path} is missing or does not match its sha256 in the resume point; the "
-                "selection cannot continue. Start the run again in another --out folder")
 
 
 def _resume_point(artifact, out: Path, resume: bool, settings: dict):

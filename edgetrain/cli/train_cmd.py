@@ -107,6 +107,11 @@ def user_run_budget(user, data_file, device, budget, what: str) -> tuple[str | N
               show_default=True, help="When the guard keeps the adapted statistics (no weight "
               "trained) over the population model: loss, if they lose no validation window "
               "and do not raise the validation loss; windows, if they lose no window.")
+@click.option("--mix", "mixes", type=str, default=None, help="Weight interpolation: after "
+              "training, mix the start and the best trained weights, start + m x (best - "
+              "start). One m (e.g. 0.5) is used as it is; several (e.g. 0.25,0.5,1) are scored "
+              "on the validation slice and the best kept; 'default' is 0.25,0.5,0.75,1. The "
+              "guard then judges the mix.")
 @click.option("--labels-per-class", type=click.IntRange(min=0), default=None,
               help="Train on each class's first N windows only (0: label-free, --adapt bn).")
 @json_option
@@ -114,7 +119,7 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                 trust, epochs, lr,
                 micro_batch, accumulate, seed, threads, mask_update, mask_every, drop_fraction,
                 mask_end, checkpoint_every, resume, select, val_fraction, val_file, lr_grid,
-                patience, guard_margin, adapt, adapt_guard, labels_per_class, as_json):
+                patience, guard_margin, adapt, adapt_guard, mixes, labels_per_class, as_json):
     """Train an artifact on one user's data inside a device's memory budget."""
     from edgetrain.masks import MaskSchedule
     from edgetrain.personalise import TrainConfig
@@ -142,7 +147,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
                           accumulation_steps=accumulate, seed=seed, masks=masks,
                           checkpoint_every=checkpoint_every, lrs=parse_lrs(lr_grid),
                           patience=patience, guard_margin=guard_margin, adapt=adapt,
-                          labels_per_class=labels_per_class, adapt_guard=adapt_guard)
+                          labels_per_class=labels_per_class, adapt_guard=adapt_guard,
+                          mixes=parse_mixes(mixes))
         with Progress(not as_json) as progress:
             r = run(artifact, d.train, d.test, out, budget_bytes, cfg, progress=progress,
                     threads=threads, resume=resume, val=d.val, test_groups=d.test_groups,
@@ -219,6 +225,23 @@ def parse_lrs(text: str | None) -> tuple[float, ...] | None:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of learning rates; write e.g. "
                                  "1e-4,3e-4,1e-3", param_hint="--lr-grid") from None
+
+
+def parse_mixes(text: str | None) -> tuple[float, ...]:
+    from edgetrain.interpolation import DEFAULT_MIXES, check_mixes
+
+    if text is None:
+        return ()
+    if text == "default":
+        return DEFAULT_MIXES
+    try:
+        mixes = tuple(float(v) for v in text.split(","))
+        check_mixes(mixes)
+    except ValueError as e:
+        why = str(e) if "at most 1" in str(e) else f"{text!r} is not a list of numbers"
+        raise click.BadParameter(f"{why}; write e.g. 0.25,0.5,0.75, or default",
+                                 param_hint="--mix") from None
+    return mixes
 
 
 @click.command(

@@ -50,7 +50,8 @@ RECIPES = {"default": [],
            "no-adapt": ["--adapt", "none"],
            "margin-0": ["--guard-margin", "0"],
            "mix-0.5": ["--mix", "0.5"],
-           "mix-validation": ["--mix", "default"]}
+           "mix-validation": ["--mix", "default"],
+           "adapt-only": ["--epochs", "0"]}
 RESULTS = ROOT / "bench" / "results"
 TUNING_USERS = {"hapt": (1, 2, 3, 4, 5, 6), "watch": (10,)}
 RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); BatchNorm "

@@ -80,8 +80,9 @@ def main(dataset: str, protocol: str, tier: str) -> None:
             f"{', '.join(RECIPES)}, then `bench/personalise_nested.py`. {dataset}, {protocol}, "
             f"`{tier}`. Recipes per fold (chosen on the other folds' users): "
             + "; ".join(picks) + ".", ""]
-    replace_table(DOC, head + lines, "personalise-nested")
-    save_results("personalise-nested", out)
+    block = "personalise-nested" + ("" if tier == "watchos-extension" else f"-{tier}")
+    replace_table(DOC, head + lines, block)
+    save_results(block, out)
     print("\n".join(head + lines))
 
 

@@ -12,8 +12,8 @@ slice choose. The slice comes from the session that trained, so it mostly prefer
 trained weights): a fixed mix is what guards against the drift a later session shows.
 
 Memory: both sets of weights are read from their checkpoint files, mapped, never copied; the
-mix is written into the runtime's own parameter buffers (zero-copy views of ORT's tensors),
-one tensor at a time, with one temporary of that tensor's size. Only trainable tensors mix:
+mix is written into the runtime's own parameter buffers (zero-copy views of ORT's tensors)
+in place, one tensor at a time, with no temporary. Only trainable tensors mix:
 frozen ones and BatchNorm statistics are the same in both (training never changes them).
 """
 from __future__ import annotations
@@ -43,9 +43,10 @@ def set_mix(parameters, manifest, start: Path, best: Path, mix: float) -> None:
     """Write start + mix x (best - start) into the runtime's trainable parameters."""
     with trainable_weights(start, manifest) as s, trainable_weights(best, manifest) as b:
         for spec in manifest.trainable:
-            live = parameters[spec.name].data  # ORT's own buffer
-            np.multiply(b[spec.name], mix, out=live)
-            live += (1.0 - mix) * s[spec.name]
+            live = parameters[spec.name].data  # ORT's own buffer, written in place
+            np.subtract(b[spec.name], s[spec.name], out=live)
+            live *= np.float32(mix)
+            live += s[spec.name]
 
 
 def best_mix(parameters, manifest, start: Path, best: Path, mixes,

@@ -44,6 +44,9 @@ def set_mix(parameters, manifest, start: Path, best: Path, mix: float) -> None:
     with trainable_weights(start, manifest) as s, trainable_weights(best, manifest) as b:
         for spec in manifest.trainable:
             live = parameters[spec.name].data  # ORT's own buffer, written in place
+            if mix == 1.0:  # the best itself, bit for bit
+                np.copyto(live, b[spec.name])
+                continue
             np.subtract(b[spec.name], s[spec.name], out=live)
             live *= np.float32(mix)
             live += s[spec.name]

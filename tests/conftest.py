@@ -79,6 +79,18 @@ def device_python(code: str, timeout: float = 300) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def checkpoint_weights(path, trainable_only: bool = False) -> dict:
+    """Every parameter of an ORT checkpoint (or its trainable ones), flattened to lists, read
+    in a torch-free child."""
+    return device_python(f"""
+import json
+from edgetrain.ort_device import training_api
+s = training_api().CheckpointState.load_checkpoint({str(path)!r})
+print(json.dumps({{k: p.data.ravel().tolist() for k, p in s.parameters
+                  if p.requires_grad or not {trainable_only!r}}}))
+""")
+
+
 def assert_device_step_equals_torch(artifact: Path, model, x: np.ndarray, y: np.ndarray,
                                     atol: float) -> None:
     """One micro-batch of (x, y): the runtime's loss and every gradient equal torch's on

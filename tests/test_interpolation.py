@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import cli, device_python, tiny_data
+from conftest import checkpoint_weights, cli, tiny_data
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +20,8 @@ def files(tmp_path_factory):
     return d
 
 
-def _weights(path) -> dict:
-    return device_python(f"""
-import json
-from edgetrain.ort_device import training_api
-s = training_api().CheckpointState.load_checkpoint({str(path)!r})
-print(json.dumps({{k: p.data.ravel().tolist() for k, p in s.parameters if p.requires_grad}}))
-""")
+def trained_weights(path) -> dict:
+    return checkpoint_weights(path, trainable_only=True)
 
 
 def test_a_fixed_mix_keeps_the_weights_halfway_from_the_start_to_the_best(tiny_artifact, files,
@@ -41,10 +36,10 @@ def test_a_fixed_mix_keeps_the_weights_halfway_from_the_start_to_the_best(tiny_a
     assert "mixed 0.5 of the way from the start" in r["guard"]["message"]
     assert [t["mix"] for t in r["mixes"]] == [0.5]
     assert r["guard"]["best"]["loss"] == r["mixes"][0]["loss"]  # the guard judged the mix
-    start, kept = _weights(run / "select" / "start"), _weights(run / "checkpoint")
+    start, kept = trained_weights(run / "select" / "start"), trained_weights(run / "checkpoint")
     matches = []
     for path in sorted((run / "select").glob("best-*")):  # bests the resume points still name
-        best = _weights(path)
+        best = trained_weights(path)
         assert start.keys() == kept.keys() == best.keys() and start != best
         matches.append(all(np.allclose(kept[k], np.float32(0.5) * np.float32(best[k])
                                        + np.float32(0.5) * np.float32(start[k]), rtol=0,

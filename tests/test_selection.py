@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import cli, device_python, tiny_data
+from conftest import checkpoint_weights, cli, tiny_data
 from edgetrain import data
 from edgetrain.selection import Score, check_settings, decide, record_epoch, stopped
 from edgetrain.datasets import time_cut as time_split
@@ -102,15 +102,6 @@ def files(tmp_path_factory):
     return d
 
 
-def _weights(path) -> dict:
-    return device_python(f"""
-import json
-from edgetrain.ort_device import training_api
-s = training_api().CheckpointState.load_checkpoint({str(path)!r})
-print(json.dumps({{k: p.data.tolist() for k, p in s.parameters}}))
-""")
-
-
 @pytest.fixture(scope="module")
 def trained_artifact(tmp_path_factory):
     """The tiny network trained on its toy task first: a population model worth keeping."""
@@ -149,8 +140,8 @@ def test_the_guard_keeps_the_population_model_when_training_hurts(trained_artifa
     assert "kept the population model" in r["guard"]["message"]
     assert r["accuracy_after"] == r["accuracy_before"]
     assert r["optimizer_steps"] > 0  # it did train, and threw that away
-    mine = _weights(tmp_path / "run" / "checkpoint")
-    theirs = _weights(tiny_artifact / "checkpoint")
+    mine = checkpoint_weights(tmp_path / "run" / "checkpoint")
+    theirs = checkpoint_weights(tiny_artifact / "checkpoint")
     assert mine == theirs  # byte for byte the population model's weights
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["guard"]["population"] == r["guard"]["population"]

@@ -30,11 +30,9 @@ from edgetrain.interpolation import best_mix
 from edgetrain.masks import UPDATERS
 from edgetrain.runtime import DeviceRuntime
 from edgetrain.samples import Rows
-from edgetrain.selection import (Score, decide, lr_grid, score, stopped,
-                                 test_accuracy)
+from edgetrain.selection import Score, decide, lr_grid, score, stopped, test_accuracy
 from edgetrain.shuffle import Shuffle
 from edgetrain.userdata import first_per_class
-
 
 
 class TrainingDiverged(RuntimeError):

@@ -20,6 +20,10 @@ endif
 BATCH  ?= auto
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
+# On HAPT with neither MODEL nor UPDATE given, the demo exports the plan the product ships to
+# DEVICE where it ships one (`edgetrain devices`: network, width, what trains; mcu-2mb the 1-D
+# CNN at width 0.5, mcu-256kb at width 0.25 training its classifier), else MODEL and UPDATE.
+SHIPPED := $(and $(filter hapt,$(DATASET)),$(filter file,$(origin MODEL)),$(filter file,$(origin UPDATE)))
 
 .PHONY: setup venv-check demo test test-slow check-readme bench clean
 
@@ -47,7 +51,13 @@ $(VENV)/.installed:
 
 demo: setup
 	$(ET) devices
-	$(ET) export --model $(MODEL) --dataset $(DATASET) --holdout-user $(USER_ID) --update $(UPDATE) --out artifacts/$(MODEL)
+	@ARGS="--model $(MODEL) --update $(UPDATE)"; \
+	if [ -n "$(SHIPPED)" ]; then \
+	  S=$$($(ET) devices --json | $(PY) -c 'import json, sys; s = json.load(sys.stdin)["$(DEVICE)"]["ships"]; print(" ".join(s["export_args"]) if s else "")') || exit $$?; \
+	  if [ -n "$$S" ]; then ARGS="$$S"; echo "$(DEVICE) ships: $$S"; fi; \
+	fi; \
+	echo "$(ET) export $$ARGS --dataset $(DATASET) --holdout-user $(USER_ID) --out artifacts/$(MODEL)"; \
+	$(ET) export $$ARGS --dataset $(DATASET) --holdout-user $(USER_ID) --out artifacts/$(MODEL)
 	rm -rf runs/demo-u$(USER_ID)  # the demo starts afresh in its own folder (never the tour's runs/u10)
 	@B=$(BATCH); \
 	if [ "$$B" = auto ]; then \

@@ -43,7 +43,7 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     if device:
         p = get_profile(device)
         device_time = cost.predicted_time_s(p.compute_flops_per_s, p.memory_bandwidth_bytes_per_s)
-    extra = recompute_flops(cost)
+    extra = recompute_flops(cost.nodes)
     doc = {"artifact": str(artifact), "device": device, "budget_bytes": budget_bytes,
            **r.to_dict(), "predicted_peak_bytes": pred.peak_bytes,
            "predicted_breakdown": pred.breakdown, "predicted_threads": pred.threads,

@@ -115,6 +115,7 @@ def node_costs(model: onnx.ModelProto, batch: int) -> list[tuple[str, str, int, 
     return rows
 
 
-def recompute_flops(cost: StepCost) -> int:
-    """FLOPs of the nodes a recompute plan copied into backward (counted, not predicted)."""
-    return sum(f for name, _, f, _ in cost.nodes if names.is_recompute_name(name))
+def recompute_flops(nodes) -> int:
+    """FLOPs of the nodes a recompute plan copied into backward (counted, not predicted), from
+    node_costs' rows (a StepCost's `nodes`)."""
+    return sum(f for name, _, f, _ in nodes if names.is_recompute_name(name))

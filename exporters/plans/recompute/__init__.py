@@ -23,9 +23,7 @@ from typing import Callable
 
 import onnx
 
-from edgetrain import names
-
-from exporters.predictor.cost import node_costs
+from exporters.predictor.cost import node_costs, recompute_flops
 from exporters.graph import without_identities
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 from exporters.plans.recompute.analysis import (Forward, RecomputePlan, analyse,
@@ -148,5 +146,5 @@ def _withincounted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, wr
 def counted_flops(graph: onnx.ModelProto, batch: int) -> tuple[int, int]:
     """(the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph."""
     costs = node_costs(graph, batch)
-    extra = sum(f for name, _, f, _ in costs if names.is_recompute_name(name))
+    extra = recompute_flops(costs)
     return sum(f for _, _, f, _ in costs) - extra, extra

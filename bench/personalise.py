@@ -52,6 +52,8 @@ RECIPES = {"default": [],
            "mix-0.5": ["--mix", "0.5"],
            "mix-validation": ["--mix", "default"],
            "adapt-only": ["--epochs", "0"]}
+# the modes a recipe can run (default: all): without adaptation, label-free has nothing to do
+RECIPE_MODES = {"no-adapt": ("1 label/class", "5 labels/class", "all labels")}
 RESULTS = ROOT / "bench" / "results"
 TUNING_USERS = {"hapt": (1, 2, 3, 4, 5, 6), "watch": (10,)}
 RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); BatchNorm "
@@ -158,5 +160,6 @@ if __name__ == "__main__":
                     "product's recipe)")
     a = ap.parse_args()
     from edgetrain.datasets import get
-    main(a.dataset, a.protocol or get(a.dataset).protocol, TIERS[a.tier],
-         a.mode or list(MODES), a.keep_old, a.recipe)
+    modes = [m for m in a.mode or list(MODES) if m in RECIPE_MODES.get(a.recipe, MODES)]
+    main(a.dataset, a.protocol or get(a.dataset).protocol, TIERS[a.tier], modes, a.keep_old,
+         a.recipe)

@@ -76,8 +76,10 @@ def main(dataset: str, protocol: str, tier: str) -> None:
                                              for u, c, _ in choices))
     if not everything:
         raise SystemExit("no rows: run bench/personalise.py --recipe R for each recipe first")
-    head = [f"Measured at {stamp_of(everything)}; `bench/personalise.py --recipe R` for R in "
-            f"{', '.join(RECIPES)}, then `bench/personalise_nested.py`. {dataset}, {protocol}, "
+    head = [f"Measured at {stamp_of(everything)}; `bench/personalise.py --tier {tier} "
+            "--recipe R` for R in "
+            f"{', '.join(n for n in RECIPES if any(r['recipe'] == n for r in everything))}, "
+            f"then `bench/personalise_nested.py --tier {tier}`. {dataset}, {protocol}, "
             f"`{tier}`. Recipes per fold (chosen on the other folds' users): "
             + "; ".join(picks) + ".", ""]
     block = "personalise-nested" + ("" if tier == "watchos-extension" else f"-{tier}")

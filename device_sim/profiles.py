@@ -99,7 +99,7 @@ class TierPlan:
 
 TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [
     TierPlan("watchos-extension"),
-    TierPlan("mcu-2mb", width=0.5),
+    TierPlan("mcu-2mb", update="head"),
     TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2),
 ]}
 

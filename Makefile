@@ -22,7 +22,8 @@ BATCH  ?= auto
 UPDATE ?= all
 # On HAPT with neither MODEL nor UPDATE given, the demo exports the plan the product ships to
 # DEVICE where it ships one (`edgetrain devices`: network, width, what trains; mcu-2mb the 1-D
-# CNN at width 0.5, mcu-256kb at width 0.25 training its classifier), else MODEL and UPDATE.
+# CNN training its classifier, mcu-256kb at width 0.25 training its classifier), else MODEL
+# and UPDATE.
 SHIPPED := $(and $(filter hapt,$(DATASET)),$(filter file,$(origin MODEL)),$(filter file,$(origin UPDATE)))
 
 .PHONY: setup venv-check demo test test-slow check-readme bench clean

@@ -7,11 +7,12 @@ a bootstrap that resamples users and, within each user, test recordings (edgetra
 windows overlap and a recording's windows share their errors). Beside it: the error reduction
 (1 - mean error after / mean error before), how many users end below the population model and
 below -5 points, the worst user, and how often the guard kept the population model. Each table
-says the commit, date and machine its rows were measured on, and refuses to mix commits.
+says the commit, date and machine its rows were measured on, and refuses to mix commits
+unless the runtime and the exporter are the same at each (then it says so: stamps_of).
 """
 from __future__ import annotations
 
-import json
+import subprocess
 
 import numpy as np
 
@@ -34,6 +35,22 @@ def stamp_of(rows: list[dict]) -> str:
                          "again (it measures rows of another commit again)")
     r = rows[0]
     return f"commit `{r['commit']}`, {r['date']}, {r['machine']}"
+
+
+def stamps_of(groups: list[tuple[str, list[dict]]]) -> str:
+    """The stamp of a table whose groups (one commit each) may come from different commits:
+    then each group's commit is named, with the files of the runtime and the exporter that
+    differ between them (a tier's plan is in its rows)."""
+    by = {label: stamp_of(rows) for label, rows in groups if rows}
+    commits = sorted({r["commit"] for _, rows in groups for r in rows})
+    if len(commits) <= 1:
+        return next(iter(by.values()), "")
+    changed = sorted({f for other in commits[1:] for f in subprocess.run(
+        ["git", "diff", "--name-only", commits[0], other, "--", "edgetrain", "exporters"],
+        capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()})
+    return ("; ".join(f"{label.split(':')[0]} at {st}" for label, st in by.items())
+            + f" (rows of {len(commits)} commits; the runtime and exporter files that differ "
+            f"between them: {', '.join(changed) or 'none'})")
 
 
 def summary(rows: list[dict]) -> dict:
@@ -96,7 +113,7 @@ def table(groups: list[tuple[str, list[dict]]], what: str, command: str) -> tupl
                 lines.append(stats_line(label, f"{mode}, without users {tuned[0]}–{tuned[-1]}"
                                         if len(tuned) > 1 else f"{mode}, without user "
                                         f"{tuned[0]}", s))
-    return [f"Measured at {stamp_of(everything)}; `{command}`. Recipe chosen on "
+    return [f"Measured at {stamps_of(groups)}; `{command}`. Recipe chosen on "
             f"{everything[0]['recipe_chosen_on']}: each mean is given with and without them.",
             ""] + lines, out
 
@@ -143,7 +160,7 @@ def main() -> None:
             budget = rows[0]["budget_bytes"]
             tiers.append(f"| `{device}` | {budget:,} | {tier.label} | {peak:,} | "
                          f"{peak / budget:.0%} |")
-    replace_table(ROOT / "docs" / "devices.md", [f"Measured at {stamp_of([r for _, rows in gate for r in rows])}."
+    replace_table(ROOT / "docs" / "devices.md", [f"Measured at {stamps_of(gate)}."
                                                  , ""] + tiers, "tier-plans")
     save_results("personalise", [{"table": "gate", **s} for s in stats]
                  + [{"table": "context", **s} for s in cstats])

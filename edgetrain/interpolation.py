@@ -39,30 +39,31 @@ def check_mixes(mixes) -> None:
                              f"trained weights), got {mix!r}")
 
 
-def set_mix(parameters, manifest, start: Path, best: Path, mix: float) -> None:
-    """Write start + mix x (best - start) into the runtime's trainable parameters."""
-    with trainable_weights(start, manifest) as s, trainable_weights(best, manifest) as b:
-        for spec in manifest.trainable:
-            live = parameters[spec.name].data  # ORT's own buffer, written in place
-            if mix == 1.0:  # the best itself, bit for bit
-                np.copyto(live, b[spec.name])
-                continue
-            np.subtract(b[spec.name], s[spec.name], out=live)
-            live *= np.float32(mix)
-            live += s[spec.name]
+def _write_mix(parameters, manifest, s: dict, b: dict, mix: float) -> None:
+    """Write s + mix x (b - s) into the runtime's trainable parameters (views by name)."""
+    for spec in manifest.trainable:
+        live = parameters[spec.name].data  # ORT's own buffer, written in place
+        if mix == 1.0:  # the best itself, bit for bit
+            np.copyto(live, b[spec.name])
+            continue
+        np.subtract(b[spec.name], s[spec.name], out=live)
+        live *= np.float32(mix)
+        live += s[spec.name]
 
 
 def best_mix(parameters, manifest, start: Path, best: Path, mixes,
              scorer: Callable[[], Score]) -> tuple[float, Score, list[dict]]:
     """Score each mix on the validation slice (`scorer`, on the runtime's current weights);
     returns the mix with the best score (Score.beats; ties: the first listed), its score and
-    every mix's score. The runtime is left holding the returned mix's weights."""
+    every mix's score. The runtime is left holding the returned mix's weights. Both files are
+    checked and mapped once for all the mixes."""
     winner, winner_score, scores = None, None, []
-    for mix in mixes:
-        set_mix(parameters, manifest, start, best, mix)
-        s = scorer()
-        scores.append({"mix": mix, **s.to_dict()})
-        if winner_score is None or s.beats(winner_score):
-            winner, winner_score = mix, s
-    set_mix(parameters, manifest, start, best, winner)
+    with trainable_weights(start, manifest) as s, trainable_weights(best, manifest) as b:
+        for mix in mixes:
+            _write_mix(parameters, manifest, s, b, mix)
+            got = scorer()
+            scores.append({"mix": mix, **got.to_dict()})
+            if winner_score is None or got.beats(winner_score):
+                winner, winner_score = mix, got
+        _write_mix(parameters, manifest, s, b, winner)
     return winner, winner_score, scores

@@ -103,6 +103,9 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     def evaluate_on(f: Feed) -> np.ndarray:
         return f.sample_logits(rt.eval_logits, b)
 
+    def validation_score() -> Score:  # the runtime's current weights on the user's slice
+        return score(evaluate_on(val_feed), val[1][:])
+
     t_select = time.perf_counter()
     if point is not None:
         before, sel = point.accuracy_before, dict(point.selection or {})
@@ -113,13 +116,13 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         if test_feed is not None:
             before, sel["test_correct_before"] = test_accuracy(evaluate_on(test_feed), test[1])
         if val_feed is not None:
-            sel["population"] = score(evaluate_on(val_feed), val[1][:]).to_dict()
+            sel["population"] = validation_score().to_dict()
         if adapt:  # label-free: every personalisation window, labelled or not, feeds the stats
             every = Feed(*train, m)
             items = Shuffle(len(every), config.seed)(np.arange(len(every) // b * b))
             rt.reset_batchnorm(every.inputs(items[i:i + b]) for i in range(0, len(items), b))
         if val_feed is not None:
-            start = score(evaluate_on(val_feed), val[1][:])
+            start = validation_score()
             sel.update(start=start.to_dict(), best=start.to_dict(), best_lr=None, best_epoch=0)
         if len(lrs) > 1 or val_feed is not None:
             sel_dir.mkdir(exist_ok=True)
@@ -189,8 +192,8 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                     regrown += rt.update_masks(schedule.method, fraction, batches, mask_rng)
                     mask_updates += 1
                 if s + 1 == steps_per_epoch and val_feed is not None:
-                    score_epoch(rt, sel, score(evaluate_on(val_feed), val[1][:]), lrs[c],
-                                 epoch + 1, sel_dir / f"best-{steps:08d}")
+                    score_epoch(rt, sel, validation_score(), lrs[c], epoch + 1,
+                                sel_dir / f"best-{steps:08d}")
                 if (s + 1 == steps_per_epoch or stop.signum is not None
                         or (config.checkpoint_every and steps % config.checkpoint_every == 0)):
                     commit(c, epoch, s + 1, rng, epoch_rng_state)
@@ -207,7 +210,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
     if val_feed is not None and config.mixes and sel["best_epoch"] > 0:
         mix, won, sel["mixes"] = best_mix(rt.state.parameters, m, sel_dir / "start",
                                           sel_dir / sel["best_file"], config.mixes,
-                                          lambda: score(evaluate_on(val_feed), val[1][:]))
+                                          validation_score)
         if mix != 1.0:  # the runtime holds the mix: it becomes the best the guard judges
             sel.update(best=won.to_dict(), best_mix=mix, best_file="mix",
                        best_sha256=save_weights(rt, sel_dir / "mix"))

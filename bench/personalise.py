@@ -70,6 +70,7 @@ class Tier:
     width: float | None = None
     update: str = "all"
     micro_batch: int = 8
+    batchnorm_adapt: str = "batch"
     threads: int = 1
 
     @property

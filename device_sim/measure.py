@@ -156,14 +156,14 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, *m.input.sample_shape)).astype(np.float32)
         y = rng.integers(0, m.num_classes, batch)
-        stats = adapt == "bn" or adapt == "auto" and names.BATCHNORM_STATS_MODEL in m.files
+        stats = adapt == "bn" or adapt == "auto" and m.batchnorm_adapt_role is not None
         mark("preflight")
         rt.preflight(batchnorm_stats=stats)
         mark("eval")
         rt.eval_logits(x)
         if stats:
             mark("other")
-            rt.reset_batchnorm([x])
+            rt.reset_batchnorm(lambda: [x])
         times = []
 
         def train(timed: bool = True) -> None:

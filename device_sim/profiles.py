@@ -39,6 +39,12 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
                "(the class of MCUNetV3's 256 KB on-device training target)",
         compute_flops_per_s=64e6 * 2, memory_bandwidth_bytes_per_s=64e6 * 4),
     DeviceProfile(
+        name="mcu-1mb", ram_budget_bytes=1 * MiB, total_ram_bytes=1400 * 1024,
+        description="Wearable microcontroller (STM32H7A3-class: 1.4 MB SRAM); 1 MiB for "
+                    "training after firmware and sensor buffers",
+        source="ST STM32H7A3 datasheet: up to 2 MB flash, 1.4 MB RAM, Cortex-M7 at 280 MHz",
+        compute_flops_per_s=280e6 * 2, memory_bandwidth_bytes_per_s=280e6 * 4),
+    DeviceProfile(
         name="mcu-2mb", ram_budget_bytes=2 * MiB, total_ram_bytes=2 * MiB + 768 * 1024,
         description="Wearable microcontroller band (Ambiq Apollo4-class: 2.75 MB SRAM); "
                     "about 2 MB left for training after firmware and sensor buffers",
@@ -84,21 +90,26 @@ class TierPlan:
     width: float | None = None  # None: the network's default
     update: str = "all"
     micro_batch: int = 8
+    batchnorm_adapt: str = "batch"  # Plan.batchnorm_adapt: how BatchNorm statistics adapt
 
     @property
     def label(self) -> str:
         w = f" width {self.width:g}" if self.width is not None else ""
-        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}"
+        exact = ", exact BatchNorm statistics" if self.batchnorm_adapt == "exact" else ""
+        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}{exact}"
 
     def export_args(self) -> list[str]:
         """`edgetrain export` options that build this tier's artifact."""
         width = ["--width", f"{self.width:g}"] if self.width is not None else []
+        exact = (["--batchnorm-adapt", self.batchnorm_adapt]
+                 if self.batchnorm_adapt != "batch" else [])
         return ["--model", self.model, *width, "--update", self.update, "--micro-batch",
-                str(self.micro_batch)]
+                str(self.micro_batch), *exact]
 
 
 TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [
     TierPlan("watchos-extension"),
+    TierPlan("mcu-1mb", update="head", micro_batch=2, batchnorm_adapt="exact"),
     TierPlan("mcu-2mb", update="head"),
     TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2),
 ]}

@@ -59,7 +59,7 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
            "predicted_device_step_time_s": device_time, "covers": COVERS,
            # --adapt replayed BatchNorm statistics first: a pass the prediction does not cover
            "batchnorm_stats_pass": adapt == "bn" or (adapt == "auto" and
-                                                     names.BATCHNORM_STATS_MODEL in manifest.files)}
+                                                     manifest.batchnorm_adapt_role is not None)}
     if plot_dir:
         from exporters.views.graphview import forward_graph, parts_of, write_graph_svg
         from exporters.views.report import plot_graph, plot_timeline  # matplotlib: only when asked

@@ -87,7 +87,7 @@ def _reset(artifact, train, test, out: Path, budget_bytes, samples: int, seed: i
     test_feed = Feed(*test, rt.manifest) if test is not None else None
     before = (test_accuracy(test_feed.sample_logits(rt.eval_logits, b), test[1])[0]
               if test_feed else None)
-    n = rt.reset_batchnorm(feed.inputs(items[i * b:(i + 1) * b]) for i in range(full))
+    n = rt.reset_batchnorm(lambda: (feed.inputs(items[i * b:(i + 1) * b]) for i in range(full)))
     after = (test_accuracy(test_feed.sample_logits(rt.eval_logits, b), test[1])[0]
              if test_feed else None)
     ckpt = rt.save_checkpoint(out / names.RUN_CHECKPOINT)

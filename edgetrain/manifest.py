@@ -17,7 +17,7 @@ from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.graphcheck import check_model_bytes
 from edgetrain.jsonfile import read_json
 from edgetrain.manifestcheck import check_dict, check_patching
-from edgetrain.names import MANIFEST_NAME, REQUIRED_ROLES
+from edgetrain.names import BATCHNORM_ADAPT_ROLES, MANIFEST_NAME, REQUIRED_ROLES
 from edgetrain.specs import (IMU_CHANNELS, PREPROCESSES, ArtifactError, InputSpec, MaskSpec,
                              TensorSpec)
 
@@ -69,8 +69,17 @@ class Plan:
     # what runs it (edgetrain/targets.py): "portable" (any ORT 1.19.2 CPU build), "arm64",
     # "host" (this machine's kernels too); manifests written before: "host"
     target: str = "host"
+    # how the runtime re-estimates BatchNorm statistics on the user's data (label-free
+    # adaptation, RESET): "batch", each layer normalised by its micro-batch's statistics and
+    # their average kept (seed 003), one pass; "exact", one pass per layer, each layer's
+    # statistics over every sample given the layers before it, whatever the micro-batch
+    # (edgetrain/names.BATCHNORM_ADAPT_ROLES: the side graph each runs)
+    batchnorm_adapt: str = "batch"
 
     def __post_init__(self):
+        if self.batchnorm_adapt not in BATCHNORM_ADAPT_ROLES:
+            raise ValueError(f"plan.batchnorm_adapt is {self.batchnorm_adapt!r}; it must be one "
+                             f"of {sorted(BATCHNORM_ADAPT_ROLES)}")
         for field in ("micro_batch", "accumulation_steps", "threads"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -175,6 +184,13 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def batchnorm_adapt_role(self) -> str | None:
+        """The side graph that re-estimates BatchNorm statistics as the plan says, None when
+        the artifact has none (no BatchNorm layer, or frozen weights in 8 bits)."""
+        role = BATCHNORM_ADAPT_ROLES[self.plan.batchnorm_adapt]
+        return role if role in self.files else None
 
     @property
     def trainable_bytes(self) -> int:

@@ -13,6 +13,7 @@ SIGNATURE_NAME = "manifest.sig"  # an Ed25519 signature of the manifest's bytes 
 TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT = (
     "training_model", "eval_model", "optimizer_model", "checkpoint")
 MASK_GRAD_MODEL, BATCHNORM_STATS_MODEL = "mask_grad_model", "batchnorm_stats_model"
+BATCHNORM_MOMENTS_MODEL = "batchnorm_moments_model"
 REQUIRED_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
 MODULE_ROLES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)  # the training Module's graphs
 FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
@@ -20,7 +21,12 @@ FILES = {TRAINING_MODEL: "training_model.onnx", EVAL_MODEL: "eval_model.onnx",
 # Written only when the model has sparse masks / BatchNorm layers (exporters/passes/maskgrad.py,
 # batchnormstats.py).
 SIDE_FILES = {MASK_GRAD_MODEL: "mask_grad_model.onnx",
-              BATCHNORM_STATS_MODEL: "batchnorm_stats_model.onnx"}
+              BATCHNORM_STATS_MODEL: "batchnorm_stats_model.onnx",
+              BATCHNORM_MOMENTS_MODEL: "batchnorm_moments_model.onnx"}
+# How the runtime re-estimates BatchNorm statistics (the plan's `batchnorm_adapt`) -> the side
+# graph it runs: "batch" averages each layer's micro-batch statistics in one pass (seed 003's
+# RESET); "exact" sets one layer per pass from the moments of its input over every sample.
+BATCHNORM_ADAPT_ROLES = {"batch": BATCHNORM_STATS_MODEL, "exact": BATCHNORM_MOMENTS_MODEL}
 
 # A run folder's outputs (personalise, reset-bn).
 RUN_CHECKPOINT, RUN_INFERENCE_MODEL, RUN_RESULT = "checkpoint", "inference.onnx", "result.json"
@@ -44,6 +50,9 @@ RECOMPUTE_SUFFIX = "_recompute"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 # BatchNorm running statistics, estimated by the BatchNorm-statistics graph.
 RUNNING_STATS = ("running_mean", "running_var")
+# The BatchNorm-moments graph's outputs per layer: the mean and the mean square of the layer's
+# input minus its running mean, per channel (shifted, so the variance keeps its precision).
+INPUT_MOMENTS = ("shifted_mean", "shifted_mean_square")
 
 
 def grad_name(tensor: str) -> str:
@@ -74,3 +83,13 @@ def mask_tensor_names(weight: str) -> tuple[str, str, str]:
 
 def running_stat_names(bn_layer: str) -> tuple[str, str]:
     return tuple(f"{bn_layer}.{s}" for s in RUNNING_STATS)  # type: ignore[return-value]
+
+
+def moment_names(bn_layer: str) -> tuple[str, str]:
+    return tuple(f"{bn_layer}.{s}" for s in INPUT_MOMENTS)  # type: ignore[return-value]
+
+
+def moments_layer(output: str) -> str | None:
+    """The BatchNorm layer whose first moment `output` is, None for any other name."""
+    suffix = f".{INPUT_MOMENTS[0]}"
+    return output[:-len(suffix)] if output.endswith(suffix) else None

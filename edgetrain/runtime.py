@@ -188,7 +188,7 @@ class DeviceRuntime:
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
         if batchnorm_stats:
-            self.side.batchnorm_means([x])
+            self.side.probe_batchnorm(x)
         self.module.train()
         _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
         check_logits(np.shape(logits), b, self.manifest.num_classes)
@@ -231,6 +231,8 @@ class DeviceRuntime:
         return update_masks(self, method, fraction, batches, rng)
 
     def reset_batchnorm(self, batches) -> int:
+        """batches(): a fresh iterator of inputs [B, *sample_shape] (the exact estimate reads
+        them once per layer)."""
         """RESET (seed 003) of every BatchNorm's running statistics (SideGraphs)."""
         return self.side.reset_batchnorm(batches)
 

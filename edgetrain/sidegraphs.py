@@ -2,7 +2,9 @@
 same memory cap, their parameter inputs fed from the live checkpoint state (zero-copy).
 
   * mask_grad_model: the gradient of each masked layer's dense weight (what RigL grows by);
-  * batchnorm_stats_model: every BatchNorm's batch statistics (what RESET averages).
+  * batchnorm_stats_model: every BatchNorm's batch statistics (what RESET averages);
+  * batchnorm_moments_model: the moments of every BatchNorm's input, normalising by the running
+    statistics (what the exact estimate sets one layer at a time).
 The exporter writes them (exporters/passes/maskgrad.py, batchnormstats.py); their output names
 follow edgetrain/names.
 """
@@ -15,6 +17,8 @@ import numpy as np
 from edgetrain import names
 from edgetrain.manifest import ArtifactError, Manifest
 from edgetrain.watchdog import guard
+
+Batches = Callable[[], Iterable[np.ndarray]]  # each call: a fresh iterator of inputs [B, *sample]
 
 
 class SideGraphs:
@@ -84,18 +88,59 @@ class SideGraphs:
             count += 1
         return {name: s / max(count, 1) for name, s in sums.items()}, count
 
-    def reset_batchnorm(self, batches: Iterable[np.ndarray]) -> int:
-        """RESET (seed 003): set every BatchNorm's running statistics to the mean over `batches`
-        (inputs [B, *sample_shape]) of its batch statistics, computed by forward passes only.
-        Returns the number of batches used."""
-        means, count = self.batchnorm_means(batches)
+    def reset_batchnorm(self, batches: Batches) -> int:
+        """Re-estimate every BatchNorm's running statistics on the inputs `batches()` yields,
+        by forward passes only, as the plan says (Plan.batchnorm_adapt): "batch" is RESET
+        (seed 003), one pass; "exact" one pass per layer. Returns the forward passes run."""
+        if self._manifest.plan.batchnorm_adapt == "exact":
+            return self._reset_exact(batches)
+        means, count = self.batchnorm_means(batches())
         if count == 0:
             raise ValueError("BatchNorm RESET needs at least one batch of samples")
-        params = self._parameters()
         for name, mean in means.items():
-            target = params[name].data
-            if target.shape != mean.shape:
-                raise ArtifactError(f"the BatchNorm statistics graph gives {name!r} the shape "
-                                    f"{mean.shape}, the checkpoint {target.shape}; re-export")
-            target[...] = mean.astype(target.dtype)
+            self._set(name, mean)
         return count
+
+    def probe_batchnorm(self, x: np.ndarray) -> None:
+        """Run the plan's statistics graph once on x (a budget check); changes no state."""
+        role = names.BATCHNORM_ADAPT_ROLES[self._manifest.plan.batchnorm_adapt]
+        self.run(role, {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
+                 f"BatchNorm statistics at batch {len(x)}")
+
+    def _reset_exact(self, batches: Batches) -> int:
+        """Each layer in the order it runs: its input's mean and variance over every sample,
+        the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
+        role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
+        layers = [layer for o in self.open(role).get_outputs()
+                  if (layer := names.moments_layer(o.name)) is not None]
+        passes = 0
+        for layer in layers:
+            first, second = names.moment_names(layer)
+            s1 = s2 = 0.0
+            count = 0
+            for x in batches():
+                outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
+                                f"BatchNorm moments at batch {len(x)}")
+                s1 = s1 + outs[first].astype(np.float64) * len(x)
+                s2 = s2 + outs[second].astype(np.float64) * len(x)
+                count += len(x)
+                passes += 1
+            if count == 0:
+                raise ValueError("BatchNorm statistics need at least one batch of samples")
+            mean_name, var_name = names.running_stat_names(layer)
+            shift, square = s1 / count, s2 / count
+            mean = self._parameters()[mean_name].data.astype(np.float64) + shift
+            self._set(var_name, np.maximum(square - shift * shift, 0.0))
+            self._set(mean_name, mean)
+        return passes
+
+    def _set(self, name: str, value: np.ndarray) -> None:
+        params = self._parameters()
+        if name not in params:
+            raise ArtifactError(f"the BatchNorm statistics graph estimates {name!r}, which the "
+                                "checkpoint does not hold; re-export the artifact")
+        target = params[name].data
+        if target.shape != value.shape:
+            raise ArtifactError(f"the BatchNorm statistics graph gives {name!r} the shape "
+                                f"{value.shape}, the checkpoint {target.shape}; re-export")
+        target[...] = value.astype(target.dtype)

@@ -71,7 +71,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                          f"{artifact} " + (f"freezes every one (update plan {m.plan.update!r})"
                                            if m.masks else "is dense: export it with --density "
                                            "below 1"))
-    stats = names.BATCHNORM_STATS_MODEL in m.files  # auto: adapt where BatchNorm statistics exist
+    stats = m.batchnorm_adapt_role is not None  # auto: adapt where BatchNorm statistics exist
     if (adapt := config.adapt == "bn" or config.adapt == "auto" and stats) and not stats:
         why = ("stores frozen weights in 8 bits, which the statistics graph cannot read (export "
                "it without --int8-frozen)" if m.plan.frozen_int8 else "has no BatchNorm layer")
@@ -120,7 +120,8 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         if adapt:  # label-free: every personalisation window, labelled or not, feeds the stats
             every = Feed(*train, m)
             items = Shuffle(len(every), config.seed)(np.arange(len(every) // b * b))
-            rt.reset_batchnorm(every.inputs(items[i:i + b]) for i in range(0, len(items), b))
+            rt.reset_batchnorm(lambda: (every.inputs(items[i:i + b])
+                                        for i in range(0, len(items), b)))
         if val_feed is not None:
             start = validation_score()
             sel.update(start=start.to_dict(), best=start.to_dict(), best_lr=None, best_epoch=0)

@@ -196,7 +196,7 @@ import json, numpy as np
 from edgetrain.runtime import DeviceRuntime
 rt = DeviceRuntime({str(sparse_artifact)!r}, budget_bytes=8 << 20)
 rt.preflight(batchnorm_stats=True)
-n = rt.reset_batchnorm(iter(np.load({str(tmp_path / 'x.npy')!r})))
+n = rt.reset_batchnorm(lambda: iter(np.load({str(tmp_path / 'x.npy')!r})))
 p = rt.state.parameters
 print(json.dumps(dict(n=n, mean=p['bn.running_mean'].data.tolist(), var=p['bn.running_var'].data.tolist())))
 """)

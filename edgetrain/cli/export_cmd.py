@@ -125,6 +125,12 @@ def record_measured_peak(out, m):
               show_default=True,
               help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
                    "one buffer) or Expand + ScatterElements (the export before this option).")
+@click.option("--batchnorm-adapt", type=click.Choice(["batch", "exact"]), default="batch",
+              show_default=True,
+              help="How the device re-estimates BatchNorm statistics on the user's data "
+                   "(personalise --adapt bn, reset-bn): batch averages each micro-batch's "
+                   "statistics in one pass (RESET); exact sets one layer per pass from all the "
+                   "samples, the same at any micro-batch (for small micro-batches).")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None,
               help="Sign the artifact with this Ed25519 private key (from `edgetrain keygen`); "
                    "`personalise --trust KEY.pub` then refuses any artifact it did not sign.")
@@ -134,7 +140,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
            epochs, lr, no_cache, recompute, recompute_time, device, budget, density,
            mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, target, nchwc, dense_build, sign_key, as_json):
+           plan_weight_grads, target, nchwc, dense_build, batchnorm_adapt, sign_key, as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -165,7 +171,8 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                              dataset=dataset)
         options = ExportOptions(
             plan=Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
-                      dense_build=dense_build, weight_grad=weight_grad),
+                      dense_build=dense_build, weight_grad=weight_grad,
+                      batchnorm_adapt=batchnorm_adapt),
             lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
             recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
             **({} if recompute_time is None else {"recompute_time_ratio": recompute_time}),

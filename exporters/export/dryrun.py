@@ -47,8 +47,8 @@ try:
     side = not {budget!r}  # then, uncapped, the side graphs (RigL's dense gradients, BN
     if side and names.MASK_GRAD_MODEL in rt.manifest.files:  # statistics): a run may use
         rt.dense_gradients([(x, y)])  # them, and a budget plan is for training alone
-    if side and names.BATCHNORM_STATS_MODEL in rt.manifest.files:
-        rt.reset_batchnorm([x])
+    if side and rt.manifest.batchnorm_adapt_role is not None:
+        rt.reset_batchnorm(lambda: [x])
 except BudgetError as e:
     sys.stderr.write(json.dumps({{"error": str(e), "needed_bytes": e.needed_bytes}}) + chr(10))
     sys.exit({over_budget_exit})

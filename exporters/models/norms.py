@@ -2,7 +2,8 @@
 
 BatchNorm of any rank (1-D over [B, C] or [B, C, T], 2-D over [B, C, H, W]): frozen into a
 fixed affine map for fine-tuning, or normalising by its batch's statistics and recording them
-for RESET (exporters/passes/batchnormstats.py). GroupNorm: the legacy exporter writes it as
+for RESET, or by its running statistics recording its input's moments for the exact layer-by-
+layer estimate (exporters/passes/batchnormstats.py). GroupNorm: the legacy exporter writes it as
 InstanceNormalization, for which onnxruntime-training 1.19.2 has no gradient, so it is
 rewritten into reductions and elementwise ops (same parameters, same values).
 """
@@ -84,6 +85,32 @@ class BatchStatsNorm(nn.Module):
         n = x.numel() // x.shape[1]
         self.record.append((self.name, mean, var * n / max(n - 1, 1)))
         y = (x - channel_view(mean, x)) / torch.sqrt(channel_view(var, x) + self.eps)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x) + channel_view(self.bias, x)
+        return y
+
+
+class MomentsNorm(nn.Module):
+    """BatchNorm normalising by its running statistics (as in eval mode) that records, per
+    channel, the mean and the mean square of its input minus the running mean.
+
+    Same tensor names as the layer it replaces (weight, bias, running_mean, running_var), so
+    the exported graph reads the artifact's tensors, and the runtime, having set the layers
+    before it, gets this layer's exact statistics over any number of batches (the shift keeps
+    the variance's precision in float32)."""
+
+    def __init__(self, bn: nn.Module, name: str, record: list):
+        super().__init__()
+        self.weight, self.bias, self.eps = bn.weight, bn.bias, bn.eps
+        self.register_buffer("running_mean", bn.running_mean)
+        self.register_buffer("running_var", bn.running_var)
+        self.name, self.record = name, record
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, ...]
+        dims = (0, *range(2, x.dim()))
+        d = x - channel_view(self.running_mean, x)
+        self.record.append((self.name, d.mean(dim=dims), (d * d).mean(dim=dims)))
+        y = d / torch.sqrt(channel_view(self.running_var, x) + self.eps)
         if self.weight is not None:
             y = y * channel_view(self.weight, x) + channel_view(self.bias, x)
         return y

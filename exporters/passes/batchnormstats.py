@@ -1,12 +1,20 @@
-"""Pass `batchnorm_stats_model` (a side graph, role `batchnorm_stats_model`): the forward pass
-with every BatchNorm normalising by its batch's statistics, returning them.
+"""Passes `batchnorm_stats_model` and `batchnorm_moments_model`: the side graphs that re-estimate
+BatchNorm statistics on the user's data (label-free adaptation, RESET), one per plan
+(`Plan.batchnorm_adapt`, edgetrain/names.BATCHNORM_ADAPT_ROLES).
 
-For RESET (seed 003) the runtime averages them over a few batches of user data and writes them
-into the running statistics. Outputs are named after the tensors they estimate:
-`<bn>.running_mean` is the batch mean, `<bn>.running_var` the unbiased batch variance (as
-torch's training mode). It is exported from the torch module exactly as exported (masked
-layers, frozen BatchNorm and all), and takes the artifact's parameters as graph inputs under
-their PyTorch names (no weights are stored twice).
+  * batch (seed 003's RESET): the forward pass with every BatchNorm normalising by its batch's
+    statistics, returning them: `<bn>.running_mean` is the batch mean, `<bn>.running_var` the
+    unbiased batch variance (as torch's training mode). The runtime averages them over a few
+    batches; at a small micro-batch the later layers see inputs normalised by a few samples.
+  * exact: the forward pass with every BatchNorm normalising by its running statistics (eval
+    mode), returning the moments of each layer's input minus its running mean
+    (edgetrain/names.moment_names). The runtime sets one layer per pass over every sample,
+    earlier layers first, so each layer's statistics are those of its input over all the
+    samples, whatever the micro-batch.
+Both are exported from the torch module exactly as exported (masked layers, frozen BatchNorm
+and all) and take the artifact's parameters as graph inputs under their PyTorch names (no
+weights are stored twice). Outputs follow the order the layers run in (a dry forward says it),
+which is what the exact estimate needs.
 """
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ import torch
 from torch import nn
 
 from edgetrain import names
-from exporters.models.norms import BatchStatsNorm, batchnorm_layers
+from exporters.models.norms import BatchStatsNorm, MomentsNorm, batchnorm_layers
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 
@@ -34,30 +42,47 @@ class _WithStats(nn.Module):
         return (logits, *[t for _, mean, var in self.record for t in (mean, var)])
 
 
+# role -> (the BatchNorm replacement recording its tensors, a layer's output names)
+KINDS = {names.BATCHNORM_STATS_MODEL: (BatchStatsNorm, names.running_stat_names),
+         names.BATCHNORM_MOMENTS_MODEL: (MomentsNorm, names.moment_names)}
+
+
 def batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, state_names: set[str],
-                          input_name: str) -> onnx.ModelProto | None:
-    """The batch-statistics forward of `model`, None when it has no BatchNorm layer.
+                          input_name: str, role: str = names.BATCHNORM_STATS_MODEL
+                          ) -> onnx.ModelProto | None:
+    """The side graph `role` (KINDS) of `model`, None when it has no BatchNorm layer.
 
     `model` is the module exactly as exported (masked layers, frozen BatchNorm and all);
     initializers named in `state_names` become graph inputs the runtime feeds."""
     layers = batchnorm_layers(model)
     if not layers:
         return None
+    norm, outputs_of = KINDS[role]
     model = copy.deepcopy(model).eval()
     record: list = []
     for name in layers:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, BatchStatsNorm(getattr(parent, child), name, record))
-    outputs = [names.LOGITS_NAME] + [t for n in layers for t in names.running_stat_names(n)]
+        setattr(parent, child, norm(getattr(parent, child), name, record))
+    wrapped = _WithStats(model, record)
+    with torch.no_grad():
+        wrapped(example_input)  # the order the layers run in, which names the outputs
+    called = [name for name, _, _ in record]
+    shared = sorted({n for n in called if called.count(n) > 1})
+    if shared:
+        raise ValueError(f"BatchNorm layers {shared} run more than once in one forward pass; "
+                         "their statistics would mix inputs of different places. Give each "
+                         "use its own BatchNorm layer. Nothing was written.")
+    outputs = [names.LOGITS_NAME] + [t for n in called for t in outputs_of(n)]
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_WithStats(model, record), (example_input,), buf,
+        torch.onnx.export(wrapped, (example_input,), buf,
                           input_names=[input_name], output_names=outputs,
                           dynamic_axes={input_name: {0: names.BATCH_AXIS},
                                         names.LOGITS_NAME: {0: names.BATCH_AXIS}},
-                          opset_version=17, do_constant_folding=False, dynamo=False)
+                          opset_version=17, do_constant_folding=False, dynamo=False,
+                          keep_initializers_as_inputs=True)  # never merge equal tensors
     m = onnx.load_from_string(buf.getvalue())
     _initializers_to_inputs(m, state_names)
     return m
@@ -67,13 +92,18 @@ def _initializers_to_inputs(m: onnx.ModelProto, state_names: set[str]) -> None:
     """The artifact's own tensors are fed at run time, not stored in this graph. The export
     wraps the model, so its tensors carry a `model.` prefix that is removed here."""
     g = m.graph
+    inputs = {i.name: i for i in g.input}
     rename = {}
     for init in list(g.initializer):
         plain = init.name.removeprefix("model.")
         if plain not in state_names:
             continue
         rename[init.name] = plain
-        g.input.append(onnx.helper.make_tensor_value_info(plain, init.data_type, list(init.dims)))
+        if init.name in inputs:  # exported as an input with a default: the input stays
+            inputs[init.name].name = plain
+        else:
+            g.input.append(onnx.helper.make_tensor_value_info(plain, init.data_type,
+                                                              list(init.dims)))
         g.initializer.remove(init)
     for node in g.node:
         for i, name in enumerate(node.input):
@@ -82,15 +112,14 @@ def _initializers_to_inputs(m: onnx.ModelProto, state_names: set[str]) -> None:
 
 
 def add_batchnorm_stats_model(graphs: Graphs, ctx: Context) -> int:
-    """Export the BatchNorm statistics side graph from the torch module; returns how many
-    BatchNorm layers it estimates (none: no side graph)."""
-    from edgetrain.names import INPUT_NAME
-
+    """Export the BatchNorm statistics side graph the plan's adaptation runs from the torch
+    module; returns how many BatchNorm layers it estimates (none: no side graph)."""
+    role = names.BATCHNORM_ADAPT_ROLES[ctx.plan.batchnorm_adapt]
     m = batchnorm_stats_model(ctx.torch_model, ctx.example_input, set(ctx.state_names),
-                              INPUT_NAME)
+                              names.INPUT_NAME, role)
     if m is None:
         return 0
-    graphs.side[names.BATCHNORM_STATS_MODEL] = m
+    graphs.side[role] = m
     return len(batchnorm_layers(ctx.torch_model))
 
 

@@ -31,6 +31,9 @@ DEFAULT_THREADS = 2
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files and tensors: megabytes at the most
 
 
+SAVED_ACTIVATIONS = ("fp32", "int8")
+
+
 @dataclass(frozen=True)
 class Plan:
     """Memory plan carried by the artifact. Patch size 0 means the model sees whole images."""
@@ -75,8 +78,14 @@ class Plan:
     # statistics over every sample given the layers before it, whatever the micro-batch
     # (edgetrain/names.BATCHNORM_ADAPT_ROLES: the side graph each runs)
     batchnorm_adapt: str = "batch"
+    # activations saved for backward: "fp32", or "int8" (exporters/passes/int8saved.py: each
+    # rounded to 8 bits in forward, rebuilt when backward reaches it)
+    saved_activations: str = "fp32"
 
     def __post_init__(self):
+        if self.saved_activations not in SAVED_ACTIVATIONS:
+            raise ValueError(f"plan.saved_activations is {self.saved_activations!r}; it must be "
+                             f"one of {list(SAVED_ACTIVATIONS)}")
         if self.batchnorm_adapt not in BATCHNORM_ADAPT_ROLES:
             raise ValueError(f"plan.batchnorm_adapt is {self.batchnorm_adapt!r}; it must be one "
                              f"of {sorted(BATCHNORM_ADAPT_ROLES)}")

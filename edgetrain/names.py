@@ -43,6 +43,9 @@ MASK_VALUES_SUFFIX, MASK_POSITIONS_SUFFIX = "_values", "_positions"
 # A ReLU output Y whose gradient reads a 1-byte mask made in forward: `<Y>_relumask`
 # (exporters/passes/relugrad.py); `measure` names the masks live at the step's peak by it.
 RELU_MASK_SUFFIX = "_relumask"
+# An activation saved for backward in 8 bits (exporters/passes/int8saved.py): `<T>_saved_int8`
+# (uint8) with its scale and zero point, the copy backward waits for, the float rebuilt from it.
+SAVED_INT8_SUFFIX = "_saved_int8"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
 # ONNX Runtime's blocked-channel kernels (ReorderInput, Conv, ReorderOutput): the training
@@ -74,6 +77,13 @@ def recompute_name(name: str) -> str:
 
 def is_recompute_name(name: str) -> bool:
     return name.endswith(RECOMPUTE_SUFFIX)
+
+
+def saved_int8_names(tensor: str) -> tuple[str, str, str, str, str]:
+    """(uint8 copy, scale, zero point, the copy backward reads, the float rebuilt) of a
+    forward tensor saved in 8 bits."""
+    base = f"{tensor}{SAVED_INT8_SUFFIX}"
+    return base, f"{base}_scale", f"{base}_zero_point", f"{base}_late", f"{base}_dequantized"
 
 
 def mask_tensor_names(weight: str) -> tuple[str, str, str]:

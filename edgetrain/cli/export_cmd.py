@@ -131,6 +131,11 @@ def record_measured_peak(out, m):
                    "(personalise --adapt bn, reset-bn): batch averages each micro-batch's "
                    "statistics in one pass (RESET); exact sets one layer per pass from all the "
                    "samples, the same at any micro-batch (for small micro-batches).")
+@click.option("--saved-activations", type=click.Choice(["fp32", "int8"]), default="fp32",
+              show_default=True,
+              help="Hold the activations a step saves for backward in 8 bits (int8: rounded "
+                   "in forward, rebuilt when backward reaches them; about 4x fewer bytes, "
+                   "gradients of the rounded tensors). Not with --recompute.")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None,
               help="Sign the artifact with this Ed25519 private key (from `edgetrain keygen`); "
                    "`personalise --trust KEY.pub` then refuses any artifact it did not sign.")
@@ -140,7 +145,8 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
            epochs, lr, no_cache, recompute, recompute_time, device, budget, density,
            mask_allocation, mask_init,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
-           plan_weight_grads, target, nchwc, dense_build, batchnorm_adapt, sign_key, as_json):
+           plan_weight_grads, target, nchwc, dense_build, batchnorm_adapt, saved_activations, sign_key,
+           as_json):
     """Pretrain a population model (cached) and export it as an artifact folder."""
     import dataclasses
     from pathlib import Path
@@ -172,7 +178,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
         options = ExportOptions(
             plan=Plan(micro_batch=micro_batch, accumulation_steps=accumulate, threads=threads,
                       dense_build=dense_build, weight_grad=weight_grad,
-                      batchnorm_adapt=batchnorm_adapt),
+                      batchnorm_adapt=batchnorm_adapt, saved_activations=saved_activations),
             lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
             recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
             **({} if recompute_time is None else {"recompute_time_ratio": recompute_time}),

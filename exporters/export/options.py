@@ -61,6 +61,10 @@ class ExportOptions:
         if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 1.0):
             raise ValueError(f"recompute_time_ratio must be a number of at least 1.0 (the step "
                              f"may not get faster by recomputing), got {ratio!r}")
+        if self.plan.saved_activations == "int8" and self.recompute != "none":
+            raise ValueError(f"saved activations in 8 bits and recompute {self.recompute!r} do "
+                             "not combine (recompute rebuilds the tensors int8 would round); "
+                             "choose one")
         if self.recompute == "budget" and self.recompute_budget_bytes is None:
             raise ValueError("recompute 'budget' needs a byte budget: give "
                              "recompute_budget_bytes (the CLI: --device or --budget)")

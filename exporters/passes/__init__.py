@@ -4,7 +4,8 @@ FORWARD_PASSES run on the ONNX forward graph torch exported, before ORT's artifa
 makes the training, eval and optimizer graphs from it; ARTIFACT_PASSES run on those graphs
 (and add the side graphs). The order matters where it is said: the frozen layers' input
 gradients are rewritten before the ReLU gradients (a ReLU output only they read is then kept
-as a 1-byte mask); the recompute plan is made
+as a 1-byte mask), and both before the saved activations are put in 8 bits (what is left
+saved); the recompute plan is made
 after the gradient kernels are rewritten (its copies start from them) and before the masked
 pointwise gradients (the mask-gradient graph needs the dense ones); the eval fixes read the
 final training graph; NCHWc comes last, so it also takes the recompute copies and the
@@ -13,8 +14,9 @@ depthwise input-gradient Convs. `describe()` prints the table docs/concepts.md d
 from __future__ import annotations
 
 from exporters.passes import (batchnormstats, convbn, densebuild, depthwisegrad, evalfixes,
-                              frozenconvgrad, maskgrad, nchwc, pointwisegrad, recompute,
-                              recurrentgrads, relugrad, scatterindices, sparsegrad, stackedgrad)
+                              frozenconvgrad, int8saved, maskgrad, nchwc, pointwisegrad,
+                              recompute, recurrentgrads, relugrad, scatterindices, sparsegrad,
+                              stackedgrad)
 from exporters.passes.pipeline import Context, Graphs, Pass, run_passes
 
 FORWARD_PASSES: tuple[Pass, ...] = (
@@ -28,6 +30,7 @@ ARTIFACT_PASSES: tuple[Pass, ...] = (
     depthwisegrad.PASS,
     frozenconvgrad.PASS,
     relugrad.PASS,
+    int8saved.PASS,
     recompute.PASS,
     maskgrad.PASS,
     sparsegrad.PASS,

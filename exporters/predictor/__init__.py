@@ -43,7 +43,7 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
     "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "ConvTranspose",
-    "DequantizeLinear",
+    "DequantizeLinear", "DynamicQuantizeLinear",
     "Div", "Dropout", "DropoutGrad",
     "Exp", "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",

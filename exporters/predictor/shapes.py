@@ -22,7 +22,8 @@ COMPARE_OPS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}  # b
 SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum", "Sqrt",
                   "Reciprocal", "Neg", "Abs", "Exp", "Log", "Cast", "Sign",
                   "Ceil", "HardSigmoid"} | COMPARE_OPS
-ITEMSIZE = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, int32, int64, bool, fp16, double
+ITEMSIZE = {1: 4, 2: 1, 3: 1, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, uint8, int8, int32, int64,
+# bool, fp16, double
 ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
 
 Shapes = dict[str, tuple[tuple[int, ...], int]]  # name -> (shape, itemsize)

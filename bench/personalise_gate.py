@@ -43,6 +43,9 @@ POINTS = (
           "5 labels/class", lambda s: s["low_points"] > 0, required=False),
     Point("mean gain ≥ +3 points with the lower end above 0", "mcu-2mb", "all labels",
           lambda s: s["gain_points"] >= 3 and s["low_points"] > 0),
+    Point("measured peak ≤ 1 MiB: mean gain ≥ +3 points with the lower end above 0",
+          "mcu-1mb", "all labels",
+          lambda s: s["peak_bytes"] <= 1 << 20 and s["gain_points"] >= 3 and s["low_points"] > 0),
     Point("mean gain above 0", "mcu-256kb", "all labels", lambda s: s["gain_points"] > 0),
 )
 
@@ -52,7 +55,8 @@ def figures(s: dict) -> str:
             f"error reduction {100 * s['error_reduction']:.0f}% "
             f"[{100 * s['error_reduction_low']:+.0f}%, {100 * s['error_reduction_high']:+.0f}%], "
             f"{s['users_below_0']} users below 0, worst user {s['worst_user']} "
-            f"{s['worst_points']:+.1f}; commit `{s['commit']}`")
+            f"{s['worst_points']:+.1f}, measured peak {s['peak_bytes']:,} bytes; "
+            f"commit `{s['commit']}`")
 
 
 def verdict(point: Point, s: dict | None) -> str:

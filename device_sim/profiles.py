@@ -111,7 +111,7 @@ TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [
     TierPlan("watchos-extension"),
     TierPlan("mcu-1mb", update="head", micro_batch=2, batchnorm_adapt="exact"),
     TierPlan("mcu-2mb", update="head"),
-    TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2),
+    TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2, batchnorm_adapt="exact"),
 ]}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from common import ROOT, replace_table, run, save_results, stamp
 
 NETWORKS = ("imu_cnn", "imu_transformer", "patch_mobilenet")
-PLANS = ("all", "bias")
+PLANS = ("all", "bias", "bias-only")
 BATCHES = (8, 32)
 RESULTS = ROOT / "bench" / "results" / "saved_activations.json"
 DOC = ROOT / "docs" / "update-plans.md"

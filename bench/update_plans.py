@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import ROOT, replace_table, run, save_results, stamp
 
-PLANS = ("all", "last:4", "last:2", "head", "bias")
+PLANS = ("all", "last:4", "last:2", "head", "bias", "bias-only")
 NETWORKS = ("patch_mobilenet", "imu_cnn")
 SMALLEST = {"model": "imu_cnn", "width": 0.25, "update": "head", "batch": 2, "threads": 1,
             "device": "mcu-256kb"}

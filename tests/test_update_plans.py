@@ -101,6 +101,10 @@ def test_resolve_orders_layers_by_the_graph_and_refuses_what_it_cannot_read():
     assert resolve("last:2", shapes, use) == ["a.w", "a.b", "norm.w", "head.w", "head.b"]
     assert resolve("last:99", shapes, use) == list(shapes)
     assert resolve("bias", shapes, use) == ["a.b", "norm.w", "head.b"]
+    named = {"conv.weight": (4, 2, 3), "conv.bias": (4,), "bn.weight": (4,), "bn.bias": (4,),
+             "fc.weight": (3, 4), "fc.bias": (3,)}
+    assert resolve("bias-only", named, dict.fromkeys(named, 0)) == [
+        "conv.bias", "bn.bias", "fc.bias"]  # a norm's scale (bn.weight) is not a bias
     assert resolve("a, head", shapes, use) == ["a.w", "a.b", "head.w", "head.b"]
     for bad, says in [("last:0", "at least 1"), ("last:x", "whole number"), ("", "empty"),
                       ("head,", "empty"), ("nosuch", "neither a plan")]:

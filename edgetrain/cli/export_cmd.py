@@ -83,7 +83,7 @@ def record_measured_peak(out, m):
               show_default=True, help="Which weights the first mask keeps.")
 @click.option("--update", default="all", show_default=True, metavar="PLAN",
               help="What trains on the device: all, head (the last layer), bias (biases and "
-                   "norm scales/shifts), last:K (the last K layers), or PyTorch parameter "
+                   "norm scales/shifts), bias-only (biases and norm shifts), last:K (the last K layers), or PyTorch parameter "
                    "names / module prefixes; comma-separated items are joined. Frozen "
                    "tensors get no gradient, no optimizer state, and below the lowest trained "
                    "layer no saved activations.")

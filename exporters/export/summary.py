@@ -23,6 +23,12 @@ def export_summary(m: Manifest, out: str | Path) -> str:
                      f"{m.plan.threads} threads (a prediction): {_mib(m.predicted['peak_bytes'])}")
     else:
         lines.append(f"predictor: {m.predicted['caveat']}; `edgetrain measure` gives the peak")
+    if m.plan.saved_activations == "int8":
+        rounded = m.provenance.get("passes", {}).get("int8_saved_activations", 0)
+        lines.append(f"saved activations in 8 bits: {rounded} tensors" if rounded else
+                     "saved activations stay float: the predictor finds no lower peak with "
+                     "them in 8 bits (or cannot size the step); --saved-activations int8 "
+                     "changed nothing")
     data = ("--user N" if m.input.preprocess in ("imu_window", "imu_gasf")
             else "--data your.npz")
     lines.append(f"next: edgetrain measure {out} --batch {m.plan.micro_batch} --device "

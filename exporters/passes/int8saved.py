@@ -46,7 +46,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgetrain import names
-from exporters.graph import ensure_ms_domain, is_backward, stated_shapes
+from exporters.graph import declare_like, ensure_ms_domain, is_backward, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 SHAPE_READERS = ("Shape", "Size")
@@ -109,6 +109,9 @@ def quantize_saved_activations(model: onnx.ModelProto) -> list[str]:
         done.append(t)
     if done:
         ensure_ms_domain(model)
+        new = [n for group in (*before.values(), *after.values()) for n in group]
+        declare_like(model, [n for n in new if n.op_type == "PassThrough"],
+                     lambda node, k, o: node.input[k])  # PassThrough's k-th output: input k
         out = []
         for i, n in enumerate(nodes):
             out.extend(before.get(i, ()))
@@ -130,8 +133,20 @@ def _declare(g: onnx.GraphProto, t: str, q: str, late: str, dq: str) -> None:
 
 def int8_saved_activations(graphs: Graphs, ctx: Context) -> int:
     """Hold the activations saved for backward in 8 bits (DynamicQuantizeLinear in forward,
-    DequantizeLinear when backward reaches them); returns how many tensors it rounds."""
-    return len(quantize_saved_activations(graphs.training))
+    DequantizeLinear when backward reaches them), where the static predictor gives the step a
+    lower peak so; returns how many tensors it rounds (none where the predictor makes no claim
+    or a higher one: imu_transformer measured 1,688,064 bytes with them, 1,660,416 without)."""
+    trial = graphs.copy()
+    rounded = quantize_saved_activations(trial.training)
+    if not rounded:
+        return 0
+    if ctx.predictor is not None:
+        with_int8, without = ctx.predicted_peak_as_shipped(trial), \
+            ctx.predicted_peak_as_shipped(graphs)
+        if with_int8 is None or without is None or with_int8 >= without:
+            return 0
+    graphs.training.CopyFrom(trial.training)
+    return len(rounded)
 
 
 PASS = Pass("int8_saved_activations", "training", int8_saved_activations,

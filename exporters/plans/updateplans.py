@@ -11,6 +11,10 @@ parameters it trains are the union of the items':
                Conv or Linear weight), and every parameter the forward graph first uses at or
                after the first of them (their biases, the norms that follow them)
     bias       every one-dimensional parameter: biases and norm scales and shifts
+    bias-only  the biases alone (one-dimensional parameters named `bias`: a layer's bias and a
+               norm's shift; TinyTL's update). A norm scale's gradient reads the norm's input
+               at every position, so `bias` keeps each norm's input for backward; `bias-only`
+               keeps none of them (a ReLU's 1-byte mask where a ReLU follows)
     NAME       a parameter by its PyTorch name (`classifier.weight`), or every parameter under
                a module prefix (`blocks.7`)
 
@@ -65,6 +69,8 @@ UPDATE_PLANS: dict[str, Callable[[dict, dict], list[str]]] = {
     "all": lambda shapes, use: list(shapes),
     "head": _last(1),
     "bias": lambda shapes, use: [n for n in shapes if len(shapes[n]) == 1],
+    "bias-only": lambda shapes, use: [n for n in shapes if len(shapes[n]) == 1
+                                      and n.rsplit(".", 1)[-1] == "bias"],
 }
 
 

@@ -180,12 +180,16 @@ def _reshaped(shape: tuple[int, ...], target) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int = 8,
+def runtime_shapes(model: onnx.ModelProto, batch: int, rounds: int | None = None,
                    known: Shapes | None = None) -> Shapes:
     """Every tensor's size when the step runs (for FLOP and byte counts, not for the plan).
 
     Unlike tensor_shapes (what ORT can size before running), this iterates ONNX inference
-    and the gradient rules to a fixpoint, and knows ORT's BatchNormInternal."""
+    and the gradient rules to a fixpoint (at most `rounds` rounds; by default 8 more than
+    the graph has PassThrough nodes, as each may hide the shapes after it from one round of
+    ONNX inference), and knows ORT's BatchNormInternal."""
+    if rounds is None:
+        rounds = 8 + sum(n.op_type == "PassThrough" for n in model.graph.node)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     # each tensor's element type, declared or as ONNX infers it (an int32 and a float share

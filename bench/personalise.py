@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common import ROOT, run, stamp
@@ -72,10 +72,12 @@ class Tier:
     micro_batch: int = 8
     batchnorm_adapt: str = "batch"
     threads: int = 1
+    saved_activations: str = "fp32"  # --saved-activations int8: the plan with them in 8 bits
 
     @property
     def label(self) -> str:
-        return TIER_PLANS[self.device].label
+        int8 = ", saved activations in 8 bits" if self.saved_activations == "int8" else ""
+        return TIER_PLANS[self.device].label + int8
 
 
 TIERS = {d: Tier(**asdict(p)) for d, p in TIER_PLANS.items()}
@@ -87,8 +89,10 @@ def folds(dataset: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(lo, lo + size)) for lo in range(1, users + 1, size))
 
 
-def rows_path(dataset: str, protocol: str, tier: str, recipe: str = "default") -> Path:
-    variant = "" if recipe == "default" else f"-{recipe}"
+def rows_path(dataset: str, protocol: str, tier: str, recipe: str = "default",
+              saved_activations: str = "fp32") -> Path:
+    variant = ("" if recipe == "default" else f"-{recipe}") + (
+        "" if saved_activations == "fp32" else f"-saved-{saved_activations}")
     return RESULTS / f"personalise-{dataset}-{protocol}-{tier}{variant}.jsonl"
 
 
@@ -98,6 +102,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> None:
     run("export", *TIER_PLANS[tier.device].export_args(), "--dataset", dataset,
+        "--saved-activations", tier.saved_activations,
         "--holdout-user", str(users[0]), "--also-holdout", ",".join(map(str, users[1:])),
         "--threads", str(tier.threads), "--out", str(out), "--json")
 
@@ -118,7 +123,7 @@ def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bo
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     where = stamp()
-    path = rows_path(dataset, protocol, tier.device, recipe)
+    path = rows_path(dataset, protocol, tier.device, recipe, tier.saved_activations)
     rows = read_rows(path)
     if not keep_old and any(r["commit"] != where["commit"] for r in rows):
         print(f"{path.name}: rows of other commits are measured again (--keep-old keeps them)")
@@ -156,11 +161,14 @@ if __name__ == "__main__":
     ap.add_argument("--mode", action="append", choices=list(MODES),
                     help="modes to run (repeatable; default all four)")
     ap.add_argument("--keep-old", action="store_true", help="keep rows of other commits")
+    ap.add_argument("--saved-activations", default="fp32", choices=["fp32", "int8"],
+                    help="the tier's plan with its saved activations in 8 bits (rows in their "
+                    "own file; bench/personalise_report.py compares them with fp32)")
     ap.add_argument("--recipe", default="default", choices=list(RECIPES),
                     help="a recipe variant for bench/personalise_nested.py (default: the "
                     "product's recipe)")
     a = ap.parse_args()
     from edgetrain.datasets import get
     modes = [m for m in a.mode or list(MODES) if m in RECIPE_MODES.get(a.recipe, MODES)]
-    main(a.dataset, a.protocol or get(a.dataset).protocol, TIERS[a.tier], modes, a.keep_old,
-         a.recipe)
+    tier = replace(TIERS[a.tier], saved_activations=a.saved_activations)
+    main(a.dataset, a.protocol or get(a.dataset).protocol, tier, modes, a.keep_old, a.recipe)

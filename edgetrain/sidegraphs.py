@@ -111,8 +111,17 @@ class SideGraphs:
         """Each layer in the order it runs: its input's mean and variance over every sample,
         the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
         role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
+        outputs = {o.name for o in self.open(role).get_outputs()}
         layers = [layer for o in self.open(role).get_outputs()
                   if (layer := names.moments_layer(o.name)) is not None]
+        params = self._parameters()
+        for layer in layers:
+            missing = [n for n in names.moment_names(layer) if n not in outputs] + [
+                n for n in names.running_stat_names(layer) if n not in params]
+            if missing:
+                raise ArtifactError(f"the BatchNorm moments graph's layer {layer!r} lacks "
+                                    f"{missing} (outputs of the graph, or statistics of the "
+                                    "checkpoint); re-export the artifact")
         passes = 0
         for layer in layers:
             first, second = names.moment_names(layer)

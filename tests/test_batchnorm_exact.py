@@ -164,3 +164,36 @@ def test_plan_refuses_an_unknown_adaptation():
 
     with pytest.raises(ValueError, match="batchnorm_adapt"):
         Plan(batchnorm_adapt="sometimes")
+
+
+def test_a_moments_graph_missing_an_output_is_refused(tmp_path):
+    """An artifact resealed after one layer's second moment was cut from the graph: a clear
+    ArtifactError before any statistic is written, not a KeyError."""
+    import onnx
+
+    from test_bad_input import reseal
+
+    export(tmp_path / "art", "exact")
+    path = tmp_path / "art" / "batchnorm_moments_model.onnx"
+    m = onnx.load(path)
+    cut = [o for o in m.graph.output if o.name == "bn_late.shifted_mean_square"]
+    m.graph.output.remove(cut[0])
+    onnx.save(m, path)
+    reseal(tmp_path / "art", "batchnorm_moments_model")
+    np.save(tmp_path / "x.npy", samples())
+    out = device_python(f"""
+import json, numpy as np
+from edgetrain.manifest import ArtifactError
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(tmp_path / 'art')!r}, budget_bytes=8 << 20)
+before = rt.state.parameters['bn_early.running_mean'].data.copy()
+x = np.load({str(tmp_path / 'x.npy')!r})
+try:
+    rt.reset_batchnorm(lambda: [x[:4]])
+    said = ''
+except ArtifactError as e:
+    said = str(e)
+same = bool((rt.state.parameters['bn_early.running_mean'].data == before).all())
+print(json.dumps(dict(said=said, same=same)))
+""")
+    assert "bn_late" in out["said"] and "re-export" in out["said"] and out["same"]

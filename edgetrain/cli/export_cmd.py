@@ -12,12 +12,12 @@ from edgetrain.datasets import DATASETS
 from edgetrain.cli.common import (budget_option, device_option, exit_on_device_errors, json_option,
                                   resolve_budget)
 from edgetrain.cli.plan_variants import plan_over_variants
-from edgetrain.manifest import DEFAULT_THREADS
+from edgetrain.manifest import DEFAULT_THREADS, SAVED_ACTIVATIONS
 
 # exporters.models.networks.NETWORKS' names, spelled here so `--help` needs no torch (a test keeps
 # them equal)
 NETWORK_NAMES = ("imu_cnn", "imu_transformer", "mobilenet_v1", "patch_mobilenet", "resnet50")
-from edgetrain.names import SIGNATURE_NAME
+from edgetrain.names import BATCHNORM_ADAPT_ROLES, SIGNATURE_NAME
 from edgetrain.targets import TARGETS
 
 
@@ -125,13 +125,14 @@ def record_measured_peak(out, m):
               show_default=True,
               help="How masked weights are rebuilt dense on each call: one MaxUnpool (faster, "
                    "one buffer) or Expand + ScatterElements (the export before this option).")
-@click.option("--batchnorm-adapt", type=click.Choice(["batch", "exact"]), default="batch",
+@click.option("--batchnorm-adapt", type=click.Choice(sorted(BATCHNORM_ADAPT_ROLES)),
+              default="batch",
               show_default=True,
               help="How the device re-estimates BatchNorm statistics on the user's data "
                    "(personalise --adapt bn, reset-bn): batch averages each micro-batch's "
                    "statistics in one pass (RESET); exact sets one layer per pass from all the "
                    "samples, the same at any micro-batch (for small micro-batches).")
-@click.option("--saved-activations", type=click.Choice(["fp32", "int8"]), default="fp32",
+@click.option("--saved-activations", type=click.Choice(SAVED_ACTIVATIONS), default="fp32",
               show_default=True,
               help="Hold the activations a step saves for backward in 8 bits (int8: rounded "
                    "in forward, rebuilt when backward reaches them; about 4x fewer bytes, "

@@ -28,8 +28,9 @@ def rounded(x):
 
 
 def model_pair(seed: int = 0):
-    """A 1-D CNN (three conv + ReLU layers, mean, linear) and its torch twin whose backward
-    reads each saved activation rounded."""
+    """A 1-D CNN (three conv + ReLU layers, the third reading the sum of the first two's
+    outputs; mean, linear) and its torch twin whose backward reads each saved activation
+    rounded."""
     import torch
     from torch import nn
     from torch.nn.grad import conv1d_input, conv1d_weight
@@ -64,8 +65,8 @@ def model_pair(seed: int = 0):
     class Net(nn.Module):
         def __init__(self, twin: bool = False):
             super().__init__()
-            self.c1, self.c2, self.c3 = (nn.Conv1d(2, 6, 3, padding=1),
-                                         nn.Conv1d(6, 8, 3, padding=1),
+            self.c1, self.c2, self.c3 = (nn.Conv1d(2, 8, 3, padding=1),
+                                         nn.Conv1d(8, 8, 3, padding=1),
                                          nn.Conv1d(8, 8, 3, padding=1))
             self.head = nn.Linear(8, len(CLASSES))
             self.twin = twin
@@ -73,13 +74,13 @@ def model_pair(seed: int = 0):
         def forward(self, x):
             if not self.twin:
                 h = torch.relu(self.c1(x))
-                h = torch.relu(self.c2(h))
-                h = torch.relu(self.c3(h))
-                return self.head(h.mean(dim=2))
+                h2 = torch.relu(self.c2(h))
+                h3 = torch.relu(self.c3(h2 + h))
+                return self.head(h3.mean(dim=2))
             h = SavedRelu.apply(SavedConv.apply(x, self.c1.weight, self.c1.bias, False))
-            h = SavedRelu.apply(SavedConv.apply(h, self.c2.weight, self.c2.bias, True))
-            h = SavedRelu.apply(SavedConv.apply(h, self.c3.weight, self.c3.bias, True))
-            return self.head(h.mean(dim=2))
+            h2 = SavedRelu.apply(SavedConv.apply(h, self.c2.weight, self.c2.bias, True))
+            h3 = SavedRelu.apply(SavedConv.apply(h2 + h, self.c3.weight, self.c3.bias, True))
+            return self.head(h3.mean(dim=2))
 
     net = Net()
     twin = Net(twin=True)
@@ -129,7 +130,9 @@ def test_no_float_copy_of_a_rounded_tensor_reaches_backward(tmp_path):
     types = {v.name: v.type.tensor_type.elem_type for v in g.graph.value_info}
     quantised = [n.input[0].removesuffix(names.SAVED_INT8_SUFFIX + "_ready") for n in g.graph.node
                  if n.op_type == "DynamicQuantizeLinear"]
-    assert len(quantised) == 3  # the inputs of conv 2 and 3 and the last ReLU's output
+    # the first ReLU's output (conv 2's input, its own mask), the second's (its mask), their
+    # sum (conv 3's input) and the last ReLU's output (its mask)
+    assert len(quantised) == 4
     for t in quantised:
         q = names.saved_int8_names(t)[0]
         assert types[q] == onnx.TensorProto.UINT8 and shapes[q] == shapes[t]

@@ -68,6 +68,7 @@ def quantize_saved_activations(model: onnx.ModelProto) -> list[str]:
             readers.setdefault(x, []).append((i, k))
     before: dict[int, list] = {}  # node index -> new nodes to put in front of it
     after: dict[int, list] = {}
+    reads_as: dict[str, str] = {}  # Y -> what Y's forward readers read now (chained PassThroughs)
     done = []
     for t, src in produced.items():
         shape = shapes.get(t) or ()
@@ -89,16 +90,18 @@ def quantize_saved_activations(model: onnx.ModelProto) -> list[str]:
             continue
         q, scale, zp, late, dq = names.saved_int8_names(t)
         gate_alias, ready, y_after = f"{q}_gate", f"{q}_ready", f"{q}_after"
+        now = reads_as.get(y, y)  # two saved tensors with one last reader (a residual sum)
         after.setdefault(last, []).extend([
             helper.make_node("PassThrough", [t, y], [ready, f"{q}_reader"], name=f"{q}/ready",
                              domain="com.microsoft"),
             helper.make_node("DynamicQuantizeLinear", [ready], [q, scale, zp],
                              name=f"{q}/quantize"),
-            helper.make_node("PassThrough", [y, q], [y_after, f"{q}_forward"], name=f"{q}/order",
-                             domain="com.microsoft")])
+            helper.make_node("PassThrough", [now, q], [y_after, f"{q}_forward"],
+                             name=f"{q}/order", domain="com.microsoft")])
         for i, k in readers.get(y, ()):
-            if not is_backward(nodes[i]) and nodes[i].input[k] == y:
+            if not is_backward(nodes[i]) and nodes[i].input[k] == now:
                 nodes[i].input[k] = y_after
+        reads_as[y] = y_after
         before.setdefault(first, []).extend([
             helper.make_node("PassThrough", [q, gate], [late, gate_alias], name=f"{q}/wait",
                              domain="com.microsoft"),

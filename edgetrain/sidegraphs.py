@@ -111,9 +111,8 @@ class SideGraphs:
         """Each layer in the order it runs: its input's mean and variance over every sample,
         the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
         role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
-        outputs = {o.name for o in self.open(role).get_outputs()}
-        layers = [layer for o in self.open(role).get_outputs()
-                  if (layer := names.moments_layer(o.name)) is not None]
+        outputs = [o.name for o in self.open(role).get_outputs()]
+        layers = [layer for o in outputs if (layer := names.moments_layer(o)) is not None]
         params = self._parameters()
         for layer in layers:
             missing = [n for n in names.moment_names(layer) if n not in outputs] + [
@@ -138,7 +137,7 @@ class SideGraphs:
                 raise ValueError("BatchNorm statistics need at least one batch of samples")
             mean_name, var_name = names.running_stat_names(layer)
             shift, square = s1 / count, s2 / count
-            mean = self._parameters()[mean_name].data.astype(np.float64) + shift
+            mean = params[mean_name].data.astype(np.float64) + shift
             self._set(var_name, np.maximum(square - shift * shift, 0.0))
             self._set(mean_name, mean)
         return passes

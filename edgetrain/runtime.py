@@ -231,9 +231,9 @@ class DeviceRuntime:
         return update_masks(self, method, fraction, batches, rng)
 
     def reset_batchnorm(self, batches) -> int:
-        """batches(): a fresh iterator of inputs [B, *sample_shape] (the exact estimate reads
-        them once per layer)."""
-        """RESET (seed 003) of every BatchNorm's running statistics (SideGraphs)."""
+        """Re-estimate every BatchNorm's running statistics as the plan says (SideGraphs:
+        RESET, seed 003, or the exact estimate). batches(): a fresh iterator of inputs
+        [B, *sample_shape] per call (the exact estimate reads them once per layer)."""
         return self.side.reset_batchnorm(batches)
 
     # ---- evaluation --------------------------------------------------------------------------

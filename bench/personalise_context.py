@@ -30,7 +30,8 @@ def context(dataset: str, device: str, mode: str, model: str) -> str:
     return (f"benchmark, all {r['users']} {dataset} users on {device}, {mode} (commit "
             f"{r['commit']}): mean gain {r['gain_points']:+.1f} points (95% interval "
             f"{r['low_points']:+.1f} to {r['high_points']:+.1f}, users and recordings "
-            f"resampled), {r['users_below_0']} users below the population model, worst user "
+            f"resampled), {r['users_below_0']} user{'' if r['users_below_0'] == 1 else 's'} "
+            "below the population model, worst user "
             f"{r['worst_user']} {r['worst_points']:+.1f}")
 
 

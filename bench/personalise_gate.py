@@ -54,7 +54,8 @@ def figures(s: dict) -> str:
     return (f"{s['gain_points']:+.1f} points [{s['low_points']:+.1f}, {s['high_points']:+.1f}], "
             f"error reduction {100 * s['error_reduction']:.0f}% "
             f"[{100 * s['error_reduction_low']:+.0f}%, {100 * s['error_reduction_high']:+.0f}%], "
-            f"{s['users_below_0']} users below 0, worst user {s['worst_user']} "
+            f"{s['users_below_0']} user{'' if s['users_below_0'] == 1 else 's'} below 0, "
+            f"worst user {s['worst_user']} "
             f"{s['worst_points']:+.1f}, measured peak {s['peak_bytes']:,} bytes; "
             f"commit `{s['commit']}`")
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from common import ROOT, run, stamp
 from device_sim.profiles import TIER_PLANS
+from edgetrain.manifest import SAVED_ACTIVATIONS
 
 # every mode adapts BatchNorm statistics first (label-free); labelled modes then train
 MODES = {"label-free": ["--labels-per-class", "0", "--adapt", "bn"],
@@ -161,9 +162,9 @@ if __name__ == "__main__":
     ap.add_argument("--mode", action="append", choices=list(MODES),
                     help="modes to run (repeatable; default all four)")
     ap.add_argument("--keep-old", action="store_true", help="keep rows of other commits")
-    ap.add_argument("--saved-activations", default="fp32", choices=["fp32", "int8"],
+    ap.add_argument("--saved-activations", default="fp32", choices=SAVED_ACTIVATIONS,
                     help="the tier's plan with its saved activations in 8 bits (rows in their "
-                    "own file; bench/personalise_report.py compares them with fp32)")
+                    "own file; bench/personalise_int8.py compares them with fp32)")
     ap.add_argument("--recipe", default="default", choices=list(RECIPES),
                     help="a recipe variant for bench/personalise_nested.py (default: the "
                     "product's recipe)")

@@ -72,6 +72,7 @@ class Tier:
     update: str = "all"
     micro_batch: int = 8
     batchnorm_adapt: str = "batch"
+    accumulation: int = 1
     threads: int = 1
     saved_activations: str = "fp32"  # --saved-activations int8: the plan with them in 8 bits
 
@@ -110,12 +111,23 @@ def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> 
 
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,
                      classes: int, out: Path, recipe: str = "default") -> dict:
-    # one labelled window per class is `classes` items: the micro-batch cannot be larger
-    batch = min(classes, tier.micro_batch) if mode == "1 label/class" else tier.micro_batch
+    batch, k = step_shape(tier, classes if mode == "1 label/class" else None)
     return json.loads(run("personalise", str(art), "--user", str(user), "--dataset", dataset,
                           "--protocol", protocol, "--device", tier.device, "--micro-batch",
-                          str(batch), "--epochs", str(EPOCHS), "--out", str(out), "--json",
-                          *MODES[mode], *RECIPES[recipe]))
+                          str(batch), "--accumulate", str(k), "--epochs", str(EPOCHS),
+                          "--out", str(out), "--json", *MODES[mode], *RECIPES[recipe]))
+
+
+def step_shape(tier: Tier, items: int | None) -> tuple[int, int]:
+    """(micro-batch, accumulation) of the tier's step, its step shrunk to `items` when there
+    are only that many (one labelled window per class): the micro-batch the largest divisor
+    of the step within the tier's, so a tier that micro-batches takes the steps of the tier
+    it stands for."""
+    step = tier.micro_batch * tier.accumulation
+    if items is None or items >= step:
+        return tier.micro_batch, tier.accumulation
+    batch = max(d for d in range(1, min(tier.micro_batch, items) + 1) if items % d == 0)
+    return batch, items // batch
 
 
 def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bool,

@@ -158,12 +158,12 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         y = rng.integers(0, m.num_classes, batch)
         stats = adapt == "bn" or adapt == "auto" and m.batchnorm_adapt_role is not None
         mark("preflight")
-        rt.preflight(batchnorm_stats=stats)
+        rt.preflight(batchnorm_stats=stats, batchnorm_group=accumulation)
         mark("eval")
         rt.eval_logits(x)
         if stats:
             mark("other")
-            rt.reset_batchnorm(lambda: [x])
+            rt.reset_batchnorm(lambda: [x] * accumulation, group=accumulation)
         times = []
 
         def train(timed: bool = True) -> None:

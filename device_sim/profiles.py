@@ -91,25 +91,29 @@ class TierPlan:
     update: str = "all"
     micro_batch: int = 8
     batchnorm_adapt: str = "batch"  # Plan.batchnorm_adapt: how BatchNorm statistics adapt
+    accumulation: int = 1  # micro-batches a step sums (its gradients and BatchNorm statistics)
 
     @property
     def label(self) -> str:
         w = f" width {self.width:g}" if self.width is not None else ""
         exact = ", exact BatchNorm statistics" if self.batchnorm_adapt == "exact" else ""
-        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}{exact}"
+        k = f" x {self.accumulation}" if self.accumulation > 1 else ""
+        return f"{self.model}{w}, update {self.update}, micro-batch {self.micro_batch}{k}{exact}"
 
     def export_args(self) -> list[str]:
         """`edgetrain export` options that build this tier's artifact."""
         width = ["--width", f"{self.width:g}"] if self.width is not None else []
         exact = (["--batchnorm-adapt", self.batchnorm_adapt]
                  if self.batchnorm_adapt != "batch" else [])
+        k = ["--accumulate", str(self.accumulation)] if self.accumulation > 1 else []
         return ["--model", self.model, *width, "--update", self.update, "--micro-batch",
-                str(self.micro_batch), *exact]
+                str(self.micro_batch), *k, *exact]
 
 
 TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [
     TierPlan("watchos-extension"),
-    TierPlan("mcu-1mb", update="head", micro_batch=2, batchnorm_adapt="exact"),
+    # mcu-2mb's plan in micro-batches of 2: the same steps of 8, gradients and statistics alike
+    TierPlan("mcu-1mb", update="head", micro_batch=2, accumulation=4),
     TierPlan("mcu-2mb", update="head"),
     TierPlan("mcu-256kb", width=0.25, update="head", micro_batch=2, batchnorm_adapt="exact"),
 ]}

@@ -28,6 +28,14 @@ SIDE_FILES = {MASK_GRAD_MODEL: "mask_grad_model.onnx",
 # RESET); "exact" sets one layer per pass from the moments of its input over every sample.
 BATCHNORM_ADAPT_ROLES = {"batch": BATCHNORM_STATS_MODEL, "exact": BATCHNORM_MOMENTS_MODEL}
 
+
+def batchnorm_side_roles(adapt: str) -> tuple[str, ...]:
+    """The side graphs an artifact of BatchNorm adaptation `adapt` carries: its own, and for
+    "batch" the moments graph too, from which RESET estimates over a step of several
+    micro-batches (the batch the step stands for, edgetrain/sidegraphs.py)."""
+    own = BATCHNORM_ADAPT_ROLES[adapt]
+    return (own,) if own == BATCHNORM_MOMENTS_MODEL else (own, BATCHNORM_MOMENTS_MODEL)
+
 # A run folder's outputs (personalise, reset-bn).
 RUN_CHECKPOINT, RUN_INFERENCE_MODEL, RUN_RESULT = "checkpoint", "inference.onnx", "result.json"
 
@@ -56,6 +64,9 @@ RUNNING_STATS = ("running_mean", "running_var")
 # The BatchNorm-moments graph's outputs per layer: the mean and the mean square of the layer's
 # input minus its running mean, per channel (shifted, so the variance keeps its precision).
 INPUT_MOMENTS = ("shifted_mean", "shifted_mean_square")
+# ... and how many elements per channel the micro-batch gave them (batch x spatial positions),
+# which turns a biased variance of several micro-batches into the unbiased one RESET records.
+INPUT_COUNT = "elements"
 
 
 def grad_name(tensor: str) -> str:
@@ -97,6 +108,10 @@ def running_stat_names(bn_layer: str) -> tuple[str, str]:
 
 def moment_names(bn_layer: str) -> tuple[str, str]:
     return tuple(f"{bn_layer}.{s}" for s in INPUT_MOMENTS)  # type: ignore[return-value]
+
+
+def moment_count_name(bn_layer: str) -> str:
+    return f"{bn_layer}.{INPUT_COUNT}"
 
 
 def moments_layer(output: str) -> str | None:

@@ -176,19 +176,21 @@ class DeviceRuntime:
         except RuntimeError as e:
             raise self._translate(e, what) from e
 
-    def preflight(self, mask_gradients: bool = False, batchnorm_stats: bool = False) -> None:
+    def preflight(self, mask_gradients: bool = False, batchnorm_stats: bool = False,
+                  batchnorm_group: int = 1) -> None:
         """Run one forward/backward at the micro-batch shape on zeros, then undo its effects:
         a budget too small for training fails here, before any data is touched or any
         checkpoint written, and so do logits narrower than the manifest's classes. Gradients
         are reset; BatchNorm running statistics, which a training-mode forward updates in
         place, are restored. mask_gradients / batchnorm_stats also run those side graphs once,
-        in the order a run does: BatchNorm statistics (label-free adaptation) first."""
+        in the order a run does: BatchNorm statistics (label-free adaptation, over steps of
+        `batchnorm_group` micro-batches as reset_batchnorm) first."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
         if batchnorm_stats:
-            self.side.probe_batchnorm(x)
+            self.side.probe_batchnorm(x, batchnorm_group)
         self.module.train()
         _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
         check_logits(np.shape(logits), b, self.manifest.num_classes)
@@ -230,11 +232,12 @@ class DeviceRuntime:
         """One mask update of every masked layer (edgetrain/maskupdate.py); regrown count."""
         return update_masks(self, method, fraction, batches, rng)
 
-    def reset_batchnorm(self, batches) -> int:
+    def reset_batchnorm(self, batches, group: int = 1) -> int:
         """Re-estimate every BatchNorm's running statistics as the plan says (SideGraphs:
         RESET, seed 003, or the exact estimate). batches(): a fresh iterator of inputs
-        [B, *sample_shape] per call (the exact estimate reads them once per layer)."""
-        return self.side.reset_batchnorm(batches)
+        [B, *sample_shape] per call (the exact estimate reads them once per layer). group:
+        the micro-batches RESET takes as one batch (a step's accumulation)."""
+        return self.side.reset_batchnorm(batches, group)
 
     # ---- evaluation --------------------------------------------------------------------------
     def eval_logits(self, x: np.ndarray) -> np.ndarray:

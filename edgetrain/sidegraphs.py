@@ -3,6 +3,7 @@ same memory cap, their parameter inputs fed from the live checkpoint state (zero
 
   * mask_grad_model: the gradient of each masked layer's dense weight (what RigL grows by);
   * batchnorm_stats_model: every BatchNorm's batch statistics (what RESET averages);
+    RESET over a step of several micro-batches builds each batch's from the moments below;
   * batchnorm_moments_model: the moments of every BatchNorm's input, normalising by the running
     statistics (what the exact estimate sets one layer at a time).
 The exporter writes them (exporters/passes/maskgrad.py, batchnormstats.py); their output names
@@ -88,12 +89,16 @@ class SideGraphs:
             count += 1
         return {name: s / max(count, 1) for name, s in sums.items()}, count
 
-    def reset_batchnorm(self, batches: Batches) -> int:
+    def reset_batchnorm(self, batches: Batches, group: int = 1) -> int:
         """Re-estimate every BatchNorm's running statistics on the inputs `batches()` yields,
         by forward passes only, as the plan says (Plan.batchnorm_adapt): "batch" is RESET
-        (seed 003), one pass; "exact" one pass per layer. Returns the forward passes run."""
+        (seed 003), one pass, each batch estimate from `group` consecutive micro-batches
+        (a step's accumulation: one layer per pass then); "exact" one pass per layer. Returns
+        the forward passes run."""
         if self._manifest.plan.batchnorm_adapt == "exact":
             return self._reset_exact(batches)
+        if group > 1:
+            return self._reset_grouped(batches, group)
         means, count = self.batchnorm_means(batches())
         if count == 0:
             raise ValueError("BatchNorm RESET needs at least one batch of samples")
@@ -101,26 +106,78 @@ class SideGraphs:
             self._set(name, mean)
         return count
 
-    def probe_batchnorm(self, x: np.ndarray) -> None:
-        """Run the plan's statistics graph once on x (a budget check); changes no state."""
+    def probe_batchnorm(self, x: np.ndarray, group: int = 1) -> None:
+        """Run the statistics graph reset_batchnorm(…, group) runs once on x (a budget
+        check); changes no state."""
         role = names.BATCHNORM_ADAPT_ROLES[self._manifest.plan.batchnorm_adapt]
+        if group > 1:
+            role = names.BATCHNORM_MOMENTS_MODEL
         self.run(role, {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
                  f"BatchNorm statistics at batch {len(x)}")
 
-    def _reset_exact(self, batches: Batches) -> int:
-        """Each layer in the order it runs: its input's mean and variance over every sample,
-        the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
-        role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
-        outputs = [o.name for o in self.open(role).get_outputs()]
+    def _moment_layers(self, counted: bool = False) -> list[str]:
+        """The moments graph's BatchNorm layers in the order they run, each checked for its
+        outputs (and element count when `counted`) and its checkpoint statistics."""
+        outputs = [o.name for o in self.open(names.BATCHNORM_MOMENTS_MODEL).get_outputs()]
         layers = [layer for o in outputs if (layer := names.moments_layer(o)) is not None]
         params = self._parameters()
         for layer in layers:
-            missing = [n for n in names.moment_names(layer) if n not in outputs] + [
+            needed = [*names.moment_names(layer)] + ([names.moment_count_name(layer)]
+                                                     if counted else [])
+            missing = [n for n in needed if n not in outputs] + [
                 n for n in names.running_stat_names(layer) if n not in params]
             if missing:
                 raise ArtifactError(f"the BatchNorm moments graph's layer {layer!r} lacks "
                                     f"{missing} (outputs of the graph, or statistics of the "
                                     "checkpoint); re-export the artifact")
+        return layers
+
+    def _reset_grouped(self, batches: Batches, group: int) -> int:
+        """RESET whose batch is `group` consecutive micro-batches (an incomplete last group
+        is left out, as RESET leaves out a partial batch): per group, each layer in the order
+        it runs gets its input's batch mean and variance over the group, the layers before it
+        normalising by theirs, as in one training-mode pass over the whole batch; the running
+        statistics become the mean over groups of the batch mean and unbiased variance."""
+        role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
+        layers = self._moment_layers(counted=True)
+        params = self._parameters()
+        sums: dict[str, np.ndarray] = {}
+        passes = groups = 0
+        it = iter(batches())
+        while len(xs := [x for _, x in zip(range(group), it)]) == group:
+            for layer in layers:
+                first, second = names.moment_names(layer)
+                s1 = s2 = n = 0.0
+                for x in xs:
+                    outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
+                                    f"BatchNorm moments at batch {len(x)}")
+                    count = float(outs[names.moment_count_name(layer)])
+                    s1 = s1 + outs[first].astype(np.float64) * count
+                    s2 = s2 + outs[second].astype(np.float64) * count
+                    n += count
+                    passes += 1
+                mean_name, var_name = names.running_stat_names(layer)
+                shift = s1 / n
+                mean = params[mean_name].data.astype(np.float64) + shift
+                var = np.maximum(s2 / n - shift * shift, 0.0)
+                self._set(mean_name, mean)  # the layers after it normalise by the batch's
+                self._set(var_name, var)
+                sums[mean_name] = sums.get(mean_name, 0.0) + mean
+                sums[var_name] = sums.get(var_name, 0.0) + var * n / max(n - 1.0, 1.0)
+            groups += 1
+        if groups == 0:
+            raise ValueError(f"BatchNorm RESET over steps of {group} micro-batches needs at "
+                             "least one whole step of samples")
+        for name, total in sums.items():
+            self._set(name, total / groups)
+        return passes
+
+    def _reset_exact(self, batches: Batches) -> int:
+        """Each layer in the order it runs: its input's mean and variance over every sample,
+        the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
+        role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
+        layers = self._moment_layers()
+        params = self._parameters()
         passes = 0
         for layer in layers:
             first, second = names.moment_names(layer)

@@ -94,7 +94,7 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
                          "--micro-batch or --accumulate, or supply more samples")
     # A budget too small fails here, before anything is read or written.
     rt.preflight(mask_gradients=schedule is not None and UPDATERS[schedule.method].needs_dense_grad,
-                 batchnorm_stats=adapt)
+                 batchnorm_stats=adapt, batchnorm_group=k)
     out.mkdir(parents=True, exist_ok=True)
     resume_points.clean_temporaries(out)
     rt.scratch_dir = str(out)  # mask updates' temporary state: nameless, in the run folder
@@ -118,10 +118,10 @@ def run(artifact, train, val, test, out: Path, budget_bytes, config, progress, t
         if val_feed is not None:
             sel["population"] = validation_score().to_dict()
         if adapt:  # label-free: every personalisation window, labelled or not, feeds the stats
-            every = Feed(*train, m)
-            items = Shuffle(len(every), config.seed)(np.arange(len(every) // b * b))
+            every = Feed(*train, m)  # of whole steps: a batch estimate is the step's (b x k)
+            items = Shuffle(len(every), config.seed)(np.arange(len(every) // per_step * per_step))
             rt.reset_batchnorm(lambda: (every.inputs(items[i:i + b])
-                                        for i in range(0, len(items), b)))
+                                        for i in range(0, len(items), b)), group=k)
         if val_feed is not None:
             start = validation_score()
             sel.update(start=start.to_dict(), best=start.to_dict(), best_lr=None, best_epoch=0)

@@ -48,7 +48,8 @@ try:
     if side and names.MASK_GRAD_MODEL in rt.manifest.files:  # statistics): a run may use
         rt.dense_gradients([(x, y)])  # them, and a budget plan is for training alone
     if side and rt.manifest.batchnorm_adapt_role is not None:
-        rt.reset_batchnorm(lambda: [x])
+        for group in {{1, rt.manifest.plan.accumulation_steps}}:  # RESET over a step's
+            rt.reset_batchnorm(lambda: [x] * group, group)  # micro-batches too
 except BudgetError as e:
     sys.stderr.write(json.dumps({{"error": str(e), "needed_bytes": e.needed_bytes}}) + chr(10))
     sys.exit({over_budget_exit})

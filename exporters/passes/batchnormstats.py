@@ -1,16 +1,19 @@
 """Passes `batchnorm_stats_model` and `batchnorm_moments_model`: the side graphs that re-estimate
-BatchNorm statistics on the user's data (label-free adaptation, RESET), one per plan
-(`Plan.batchnorm_adapt`, edgetrain/names.BATCHNORM_ADAPT_ROLES).
+BatchNorm statistics on the user's data (label-free adaptation, RESET), as the plan says
+(`Plan.batchnorm_adapt`, edgetrain/names.batchnorm_side_roles).
 
   * batch (seed 003's RESET): the forward pass with every BatchNorm normalising by its batch's
     statistics, returning them: `<bn>.running_mean` is the batch mean, `<bn>.running_var` the
     unbiased batch variance (as torch's training mode). The runtime averages them over a few
     batches; at a small micro-batch the later layers see inputs normalised by a few samples.
+    A step of several micro-batches estimates over the whole step (micro-batch x accumulation,
+    as the gradients do) from the moments graph below, one layer per pass, so a plan that
+    micro-batches to fit gets the statistics of the batch it stands for.
   * exact: the forward pass with every BatchNorm normalising by its running statistics (eval
     mode), returning the moments of each layer's input minus its running mean
-    (edgetrain/names.moment_names). The runtime sets one layer per pass over every sample,
-    earlier layers first, so each layer's statistics are those of its input over all the
-    samples, whatever the micro-batch.
+    (edgetrain/names.moment_names) and how many elements they average. The runtime sets one
+    layer per pass over every sample, earlier layers first, so each layer's statistics are
+    those of its input over all the samples, whatever the micro-batch.
 Both are exported from the torch module exactly as exported (masked layers, frozen BatchNorm
 and all) and take the artifact's parameters as graph inputs under their PyTorch names (no
 weights are stored twice). Outputs follow the order the layers run in (a dry forward says it),
@@ -39,12 +42,13 @@ class _WithStats(nn.Module):
     def forward(self, x: torch.Tensor):
         self.record.clear()
         logits = self.model(x)
-        return (logits, *[t for _, mean, var in self.record for t in (mean, var)])
+        return (logits, *[t for _, *tensors in self.record for t in tensors])
 
 
 # role -> (the BatchNorm replacement recording its tensors, a layer's output names)
 KINDS = {names.BATCHNORM_STATS_MODEL: (BatchStatsNorm, names.running_stat_names),
-         names.BATCHNORM_MOMENTS_MODEL: (MomentsNorm, names.moment_names)}
+         names.BATCHNORM_MOMENTS_MODEL: (
+             MomentsNorm, lambda n: (*names.moment_names(n), names.moment_count_name(n)))}
 
 
 def batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, state_names: set[str],
@@ -67,7 +71,7 @@ def batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, state_n
     wrapped = _WithStats(model, record)
     with torch.no_grad():
         wrapped(example_input)  # the order the layers run in, which names the outputs
-    called = [name for name, _, _ in record]
+    called = [name for name, *_ in record]
     shared = sorted({n for n in called if called.count(n) > 1})
     if shared:
         raise ValueError(f"BatchNorm layers {shared} run more than once in one forward pass; "
@@ -112,14 +116,15 @@ def _initializers_to_inputs(m: onnx.ModelProto, state_names: set[str]) -> None:
 
 
 def add_batchnorm_stats_model(graphs: Graphs, ctx: Context) -> int:
-    """Export the BatchNorm statistics side graph the plan's adaptation runs from the torch
-    module; returns how many BatchNorm layers it estimates (none: no side graph)."""
-    role = names.BATCHNORM_ADAPT_ROLES[ctx.plan.batchnorm_adapt]
-    m = batchnorm_stats_model(ctx.torch_model, ctx.example_input, set(ctx.state_names),
-                              names.INPUT_NAME, role)
-    if m is None:
-        return 0
-    graphs.side[role] = m
+    """Export the BatchNorm statistics side graphs the plan's adaptation runs from the torch
+    module (edgetrain/names.batchnorm_side_roles); returns how many BatchNorm layers they
+    estimate (none: no side graph)."""
+    for role in names.batchnorm_side_roles(ctx.plan.batchnorm_adapt):
+        m = batchnorm_stats_model(ctx.torch_model, ctx.example_input, set(ctx.state_names),
+                                  names.INPUT_NAME, role)
+        if m is None:
+            return 0
+        graphs.side[role] = m
     return len(batchnorm_layers(ctx.torch_model))
 
 

@@ -1,0 +1,92 @@
+"""RESET over a step of several micro-batches (Plan.batchnorm_adapt "batch", accumulation k):
+each batch estimate is the one of the micro-batch x k samples the step stands for, built from
+the moments graph one layer per pass, so a plan that micro-batches to fit a smaller device
+adapts its statistics exactly as the plan it stands for does."""
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import device_python
+from test_batchnorm_exact import export, samples
+
+STATS = ("bn_early.running_mean", "bn_early.running_var", "bn_late.running_mean",
+         "bn_late.running_var")
+
+
+def statistics(artifact, x_path, micro_batch: int, group: int) -> dict:
+    return device_python(f"""
+import json, numpy as np
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(artifact)!r}, budget_bytes=8 << 20)
+rt.set_micro_batch({micro_batch})
+rt.preflight(batchnorm_stats=True, batchnorm_group={group})
+x = np.load({str(x_path)!r})
+b = {micro_batch}
+n = rt.reset_batchnorm(lambda: (x[i:i + b] for i in range(0, len(x) // b * b, b)), {group})
+p = rt.state.parameters
+print(json.dumps(dict(n=n, **{{k: p[k].data.tolist() for k in {STATS!r}}})))
+""")
+
+
+def test_reset_over_a_step_equals_reset_at_the_step_batch(tmp_path):
+    """Micro-batch 2 x 3 gives what RESET at batch 6 gives (and torch's training mode at 6,
+    momentum None); a partial last step (14 samples: 2 left over) is left out as RESET leaves
+    out a partial batch."""
+    import torch
+
+    model, m = export(tmp_path / "art", "batch", micro_batch=2)
+    assert {"batchnorm_stats_model", "batchnorm_moments_model"} <= set(m.files)
+    x = samples(14)
+    np.save(tmp_path / "x.npy", x)
+    whole = statistics(tmp_path / "art", tmp_path / "x.npy", 6, 1)
+    step = statistics(tmp_path / "art", tmp_path / "x.npy", 2, 3)
+    assert whole["n"] == 2 and step["n"] == 2 * 2 * 3  # layers x micro-batches of 2 steps
+    for bn in (model.bn_early, model.bn_late):
+        bn.momentum = None
+        bn.reset_running_stats()
+    model.train()
+    with torch.no_grad():
+        for i in range(0, 12, 6):
+            model(torch.from_numpy(x[i:i + 6]))
+    for name in STATS:
+        layer, stat = name.split(".")
+        want = getattr(getattr(model, layer), stat).numpy()
+        np.testing.assert_allclose(whole[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(step[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    # one micro-batch per estimate differs: what the step's estimate is there for
+    single = statistics(tmp_path / "art", tmp_path / "x.npy", 2, 1)
+    assert not np.allclose(single["bn_late.running_var"], whole["bn_late.running_var"],
+                           rtol=1e-3)
+
+
+def test_an_older_moments_graph_without_counts_is_refused_for_a_step(tmp_path):
+    """A moments graph resealed without one layer's element count serves the exact estimate
+    but not RESET over a step: a clear ArtifactError naming the layer, statistics untouched."""
+    import onnx
+
+    from test_bad_input import reseal
+
+    export(tmp_path / "art", "batch", micro_batch=2)
+    path = tmp_path / "art" / "batchnorm_moments_model.onnx"
+    g = onnx.load(path)
+    g.graph.output.remove([o for o in g.graph.output if o.name == "bn_late.elements"][0])
+    onnx.save(g, path)
+    reseal(tmp_path / "art", "batchnorm_moments_model")
+    np.save(tmp_path / "x.npy", samples())
+    out = device_python(f"""
+import json, numpy as np
+from edgetrain.manifest import ArtifactError
+from edgetrain.runtime import DeviceRuntime
+rt = DeviceRuntime({str(tmp_path / 'art')!r}, budget_bytes=8 << 20)
+rt.set_micro_batch(2)
+before = rt.state.parameters['bn_early.running_mean'].data.copy()
+x = np.load({str(tmp_path / 'x.npy')!r})
+try:
+    rt.reset_batchnorm(lambda: [x[:2], x[2:4]], 2)
+    said = ''
+except ArtifactError as e:
+    said = str(e)
+same = bool((rt.state.parameters['bn_early.running_mean'].data == before).all())
+print(json.dumps(dict(said=said, same=same)))
+""")
+    assert "bn_late" in out["said"] and "re-export" in out["said"] and out["same"]

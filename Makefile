@@ -16,7 +16,8 @@ else
 USER_ID ?= 9
 MODEL  ?= patch_mobilenet
 endif
-# micro-batch; auto: the largest up to 8 that `edgetrain fit` confirms on DEVICE
+# micro-batch; auto: the shipped plan's (see SHIPPED), else the largest up to 8 that
+# `edgetrain fit` confirms on DEVICE
 BATCH  ?= auto
 # what trains on the device (docs/update-plans.md): all, head, bias, last:K
 UPDATE ?= all
@@ -61,6 +62,9 @@ demo: setup
 	$(ET) export $$ARGS --dataset $(DATASET) --holdout-user $(USER_ID) --out artifacts/$(MODEL)
 	rm -rf runs/demo-u$(USER_ID)  # the demo starts afresh in its own folder (never the tour's runs/u10)
 	@B=$(BATCH); \
+	if [ "$$B" = auto ] && [ -n "$(SHIPPED)" ]; then \
+	  B=$$($(ET) devices --json | $(PY) -c 'import json, sys; s = json.load(sys.stdin)["$(DEVICE)"]["ships"]; print(s["micro_batch"] if s else "auto")') || exit $$?; \
+	fi; \
 	if [ "$$B" = auto ]; then \
 	  B=$$($(ET) fit artifacts/$(MODEL) --device $(DEVICE) --adapt auto --json | $(PY) -c 'import json, sys; f = json.load(sys.stdin); print(min(8, f["max_batch"])); f["max_batch"] or print(f["next_batch_error"], file=sys.stderr)') || exit $$?; \
 	fi; \

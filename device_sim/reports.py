@@ -25,14 +25,16 @@ COVERS = ("every byte ONNX Runtime allocates for the training working set: param
 
 
 def measure_report(artifact: str | Path, batch: int, *, device: str | None = None,
-                   budget_bytes: int | None = None, accumulate: int = 1, steps: int = 3,
+                   budget_bytes: int | None = None, accumulate: int | None = None, steps: int = 3,
                    threads: int | None = None, plot_dir: str | Path | None = None,
                    select: bool = True, adapt: str = "none") -> dict:
     """Measure the training cycle at `batch` (capped at budget_bytes if given) and put the
     prediction for the same thread count, the step's cost and recompute overhead beside it.
-    plot_dir: also draw timeline.png and graph.png there (needs matplotlib).
+    plot_dir: also draw timeline.png and graph.png there (needs matplotlib). accumulate:
+    micro-batches a step sums (None: the plan's; it also groups the statistics pass's batches).
     Raises BudgetError (does not fit), ArtifactError or ValueError (bad input)."""
     manifest = load_manifest(artifact)
+    accumulate = accumulate or manifest.plan.accumulation_steps
     r = measure(artifact, batch, budget_bytes, accumulate, steps, threads, select=select,
                 adapt=adapt)
     pred = predict_manifest(artifact, manifest, batch, r.threads)
@@ -94,7 +96,8 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
         if progress:
             progress(b)
         try:
-            return measure(artifact, b, budget_bytes, steps=steps, adapt=adapt)
+            return measure(artifact, b, budget_bytes, manifest.plan.accumulation_steps,
+                           steps=steps, adapt=adapt)
         except BudgetError as e:  # the error fit reports says what that batch needs
             raise with_predicted_need(e, artifact, b) from e
 

@@ -35,8 +35,9 @@ def devices(as_json):
 @click.option("--batch", type=int, required=True, help="Micro-batch (samples per step).")
 @device_option("Run capped at this profile.")
 @budget_option("Run capped at this many bytes.")
-@click.option("--accumulate", type=int, default=1, show_default=True,
-              help="Micro-batches summed per optimizer step in the replayed cycle.")
+@click.option("--accumulate", type=int, default=None,
+              help="Micro-batches summed per optimizer step in the replayed cycle (and per "
+                   "BatchNorm statistics batch with --adapt). Default: the artifact's plan.")
 @click.option("--steps", type=int, default=3, show_default=True, help="Timed optimizer steps.")
 @click.option("--threads", type=int, default=None,
               help="ORT intra-op threads (default: the artifact's plan).")

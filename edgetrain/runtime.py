@@ -183,8 +183,7 @@ class DeviceRuntime:
         checkpoint written, and so do logits narrower than the manifest's classes. Gradients
         are reset; BatchNorm running statistics, which a training-mode forward updates in
         place, are restored. mask_gradients / batchnorm_stats also run those side graphs once,
-        in the order a run does: BatchNorm statistics (label-free adaptation, over steps of
-        `batchnorm_group` micro-batches as reset_batchnorm) first."""
+        in the order a run does: BatchNorm statistics (reset_batchnorm's, group given) first."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
@@ -235,8 +234,8 @@ class DeviceRuntime:
     def reset_batchnorm(self, batches, group: int = 1) -> int:
         """Re-estimate every BatchNorm's running statistics as the plan says (SideGraphs:
         RESET, seed 003, or the exact estimate). batches(): a fresh iterator of inputs
-        [B, *sample_shape] per call (the exact estimate reads them once per layer). group:
-        the micro-batches RESET takes as one batch (a step's accumulation)."""
+        [B, *sample_shape] per call (read once per layer by the exact estimate); `group`
+        micro-batches make one RESET batch (a step's accumulation)."""
         return self.side.reset_batchnorm(batches, group)
 
     # ---- evaluation --------------------------------------------------------------------------

@@ -179,21 +179,22 @@ class DeviceRuntime:
     def preflight(self, mask_gradients: bool = False, batchnorm_stats: bool = False,
                   batchnorm_group: int = 1) -> None:
         """Run one forward/backward at the micro-batch shape on zeros, then undo its effects:
-        a budget too small for training fails here, before any data is touched or any
-        checkpoint written, and so do logits narrower than the manifest's classes. Gradients
-        are reset; BatchNorm running statistics, which a training-mode forward updates in
-        place, are restored. mask_gradients / batchnorm_stats also run those side graphs once,
-        in the order a run does: BatchNorm statistics (reset_batchnorm's, group given) first."""
+        a budget too small fails here, before any data is touched or checkpoint written, and
+        so do logits narrower than the manifest's classes. Gradients are reset; BatchNorm
+        running statistics (a training-mode forward updates them) restored. mask_gradients /
+        batchnorm_stats (reset_batchnorm's, group given) also run those side graphs once,
+        after the step: its block enters the arena first and their tensors are cut from it
+        while it is free (the other way round, the arena grew by both)."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
-        if batchnorm_stats:
-            self.side.probe_batchnorm(x, batchnorm_group)
         self.module.train()
         _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
         check_logits(np.shape(logits), b, self.manifest.num_classes)
         self.module.lazy_reset_grad()
+        if batchnorm_stats:
+            self.side.probe_batchnorm(x, batchnorm_group)
         if mask_gradients:
             self.side.dense_gradients([(x, y)])
         for name, value in frozen.items():
@@ -232,10 +233,9 @@ class DeviceRuntime:
         return update_masks(self, method, fraction, batches, rng)
 
     def reset_batchnorm(self, batches, group: int = 1) -> int:
-        """Re-estimate every BatchNorm's running statistics as the plan says (SideGraphs:
-        RESET, seed 003, or the exact estimate). batches(): a fresh iterator of inputs
-        [B, *sample_shape] per call (read once per layer by the exact estimate); `group`
-        micro-batches make one RESET batch (a step's accumulation)."""
+        """Re-estimate every BatchNorm's statistics as the plan says (SideGraphs). batches():
+        a fresh iterator of inputs [B, *sample_shape] per call (the exact estimate reads it
+        once per layer); `group` micro-batches make one RESET batch (a step's accumulation)."""
         return self.side.reset_batchnorm(batches, group)
 
     # ---- evaluation --------------------------------------------------------------------------

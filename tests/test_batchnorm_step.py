@@ -90,3 +90,67 @@ same = bool((rt.state.parameters['bn_early.running_mean'].data == before).all())
 print(json.dumps(dict(said=said, same=same)))
 """)
     assert "bn_late" in out["said"] and "re-export" in out["said"] and out["same"]
+
+
+def deep_model():
+    """Four convolution-BatchNorm-ReLU layers, every weight trained: the step saves every
+    layer's tensors for backward, the statistics pass holds a layer or two at a time."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = []
+    for c_in in (2, 16, 16, 16):
+        layers += [nn.Conv1d(c_in, 16, 3, padding=1), nn.BatchNorm1d(16), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(16, 3))
+
+
+def test_the_statistics_pass_adds_nothing_to_a_larger_step(tmp_path):
+    """The preflight runs the step before the statistics graph, whose tensors are then cut
+    mostly from the step's free block: measured with label-free adaptation, the cycle's peak
+    here is the step's plus 65,536 bytes (two of the layer's tensors). With the statistics
+    graph first it was the step's plus 198,144 bytes (44%): the step's block found no room
+    among the graph's freed tensors and the arena grew by both."""
+    import json
+
+    import torch
+
+    from conftest import cli
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+
+    export_artifact(deep_model(), torch.zeros(2, 2, 64), tmp_path / "art",
+                    classes=["a", "b", "c"], plan=Plan(micro_batch=8), model_name="deep")
+    peaks = {}
+    for adapt in ("none", "bn"):
+        p = cli("measure", tmp_path / "art", "--batch", "8", "--adapt", adapt, "--json")
+        assert p.returncode == 0, p.stderr
+        peaks[adapt] = json.loads(p.stdout)["peak_bytes"]
+    assert peaks["bn"] - peaks["none"] < peaks["none"] // 4, peaks
+
+
+def test_the_statistics_pass_fits_where_the_preflight_did(tiny_artifact, tmp_path):
+    """With label-free adaptation the preflight runs the step, then the statistics graph: a
+    budget one arena chunk below what `measure --adapt bn` measures fails there, before any
+    step or file; at the measured peak the whole run fits."""
+    import json
+
+    from conftest import cli, tiny_data
+
+    x, y = tiny_data(32, seed=3)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    m = cli("measure", tiny_artifact, "--batch", "4", "--adapt", "bn", "--json")
+    assert m.returncode == 0, m.stderr
+    peak = json.loads(m.stdout)["peak_bytes"]
+    runs = {}
+    for budget in (peak, peak - 256):
+        out = tmp_path / f"run-{budget}"
+        runs[budget] = (cli("personalise", tiny_artifact, "--data", tmp_path / "d.npz",
+                            "--budget", budget, "--adapt", "bn", "--epochs", "1",
+                            "--out", out, "--json"), out)
+    ok, _ = runs[peak]
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["measured_peak_bytes"] <= peak
+    short, out = runs[peak - 256]
+    assert short.returncode == 3 and "Traceback" not in short.stderr, short.stderr
+    assert not out.exists() or not any(out.iterdir())

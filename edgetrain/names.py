@@ -64,7 +64,7 @@ RUNNING_STATS = ("running_mean", "running_var")
 # The BatchNorm-moments graph's outputs per layer: the mean and the mean square of the layer's
 # input minus its running mean, per channel (shifted, so the variance keeps its precision).
 INPUT_MOMENTS = ("shifted_mean", "shifted_mean_square")
-# ... and how many elements per channel the micro-batch gave them (batch x spatial positions),
+# The graph's metadata gives each layer's elements per channel of one sample (its positions),
 # which turns a biased variance of several micro-batches into the unbiased one RESET records.
 INPUT_COUNT = "elements"
 

@@ -182,19 +182,18 @@ class DeviceRuntime:
         a budget too small fails here, before any data is touched or checkpoint written, and
         so do logits narrower than the manifest's classes. Gradients are reset; BatchNorm
         running statistics (a training-mode forward updates them) restored. mask_gradients /
-        batchnorm_stats (reset_batchnorm's, group given) also run those side graphs once,
-        after the step: its block enters the arena first and their tensors are cut from it
-        while it is free (the other way round, the arena grew by both)."""
+        batchnorm_stats also run those side graphs once, in the order a run does: BatchNorm
+        statistics (reset_batchnorm's, group given) first."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
+        if batchnorm_stats:
+            self.side.probe_batchnorm(x, batchnorm_group)
         self.module.train()
         _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
         check_logits(np.shape(logits), b, self.manifest.num_classes)
         self.module.lazy_reset_grad()
-        if batchnorm_stats:
-            self.side.probe_batchnorm(x, batchnorm_group)
         if mask_gradients:
             self.side.dense_gradients([(x, y)])
         for name, value in frozen.items():

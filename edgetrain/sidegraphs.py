@@ -115,22 +115,34 @@ class SideGraphs:
         self.run(role, {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
                  f"BatchNorm statistics at batch {len(x)}")
 
-    def _moment_layers(self, counted: bool = False) -> list[str]:
+    def _moment_layers(self) -> list[str]:
         """The moments graph's BatchNorm layers in the order they run, each checked for its
-        outputs (and element count when `counted`) and its checkpoint statistics."""
+        outputs and its checkpoint statistics."""
         outputs = [o.name for o in self.open(names.BATCHNORM_MOMENTS_MODEL).get_outputs()]
         layers = [layer for o in outputs if (layer := names.moments_layer(o)) is not None]
         params = self._parameters()
         for layer in layers:
-            needed = [*names.moment_names(layer)] + ([names.moment_count_name(layer)]
-                                                     if counted else [])
-            missing = [n for n in needed if n not in outputs] + [
+            missing = [n for n in names.moment_names(layer) if n not in outputs] + [
                 n for n in names.running_stat_names(layer) if n not in params]
             if missing:
                 raise ArtifactError(f"the BatchNorm moments graph's layer {layer!r} lacks "
                                     f"{missing} (outputs of the graph, or statistics of the "
                                     "checkpoint); re-export the artifact")
         return layers
+
+    def _elements(self, layers: list[str]) -> dict[str, int]:
+        """Each layer's elements per channel of one sample, from the moments graph's metadata:
+        a positive whole number for every layer, else an ArtifactError."""
+        meta = self.open(names.BATCHNORM_MOMENTS_MODEL).get_modelmeta().custom_metadata_map
+        counts = {}
+        for layer in layers:
+            value = meta.get(names.moment_count_name(layer), "")
+            if not value.isdigit() or int(value) < 1:
+                raise ArtifactError(f"the BatchNorm moments graph gives layer {layer!r} no "
+                                    f"element count (metadata {names.moment_count_name(layer)!r}"
+                                    f" is {value!r}); re-export the artifact with this edgetrain")
+            counts[layer] = int(value)
+        return counts
 
     def _reset_grouped(self, batches: Batches, group: int) -> int:
         """RESET whose batch is `group` consecutive micro-batches (an incomplete last group
@@ -139,7 +151,8 @@ class SideGraphs:
         normalising by theirs, as in one training-mode pass over the whole batch; the running
         statistics become the mean over groups of the batch mean and unbiased variance."""
         role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
-        layers = self._moment_layers(counted=True)
+        layers = self._moment_layers()
+        elements = self._elements(layers)
         params = self._parameters()
         sums: dict[str, np.ndarray] = {}
         passes = groups = 0
@@ -151,7 +164,7 @@ class SideGraphs:
                 for x in xs:
                     outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
                                     f"BatchNorm moments at batch {len(x)}")
-                    count = float(outs[names.moment_count_name(layer)])
+                    count = float(elements[layer] * len(x))
                     s1 = s1 + outs[first].astype(np.float64) * count
                     s2 = s2 + outs[second].astype(np.float64) * count
                     n += count

@@ -92,8 +92,8 @@ class BatchStatsNorm(nn.Module):
 
 class MomentsNorm(nn.Module):
     """BatchNorm normalising by its running statistics (as in eval mode) that records, per
-    channel, the mean and the mean square of its input minus the running mean, and how many
-    elements per channel they average.
+    channel, the mean and the mean square of its input minus the running mean; `elements`
+    is how many elements per channel one sample gives them (set by a forward pass).
 
     Same tensor names as the layer it replaces (weight, bias, running_mean, running_var), so
     the exported graph reads the artifact's tensors, and the runtime, having set the layers
@@ -110,8 +110,9 @@ class MomentsNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, ...]
         dims = (0, *range(2, x.dim()))
         d = x - channel_view(self.running_mean, x)
-        count = torch.ones_like(d[:, 0]).sum()  # elements per channel: batch x positions
-        self.record.append((self.name, d.mean(dim=dims), (d * d).mean(dim=dims), count))
+        if not torch.jit.is_tracing():  # per channel of one sample: its positions
+            self.elements = int(x[0, 0].numel())
+        self.record.append((self.name, d.mean(dim=dims), (d * d).mean(dim=dims)))
         y = d / torch.sqrt(channel_view(self.running_var, x) + self.eps)
         if self.weight is not None:
             y = y * channel_view(self.weight, x) + channel_view(self.bias, x)

@@ -11,9 +11,10 @@ BatchNorm statistics on the user's data (label-free adaptation, RESET), as the p
     micro-batches to fit gets the statistics of the batch it stands for.
   * exact: the forward pass with every BatchNorm normalising by its running statistics (eval
     mode), returning the moments of each layer's input minus its running mean
-    (edgetrain/names.moment_names) and how many elements they average. The runtime sets one
-    layer per pass over every sample, earlier layers first, so each layer's statistics are
-    those of its input over all the samples, whatever the micro-batch.
+    (edgetrain/names.moment_names), with each layer's elements per channel of one sample in
+    the graph's metadata. The runtime sets one layer per pass over every sample, earlier
+    layers first, so each layer's statistics are those of its input over all the samples,
+    whatever the micro-batch.
 Both are exported from the torch module exactly as exported (masked layers, frozen BatchNorm
 and all) and take the artifact's parameters as graph inputs under their PyTorch names (no
 weights are stored twice). Outputs follow the order the layers run in (a dry forward says it),
@@ -47,8 +48,7 @@ class _WithStats(nn.Module):
 
 # role -> (the BatchNorm replacement recording its tensors, a layer's output names)
 KINDS = {names.BATCHNORM_STATS_MODEL: (BatchStatsNorm, names.running_stat_names),
-         names.BATCHNORM_MOMENTS_MODEL: (
-             MomentsNorm, lambda n: (*names.moment_names(n), names.moment_count_name(n)))}
+         names.BATCHNORM_MOMENTS_MODEL: (MomentsNorm, names.moment_names)}
 
 
 def batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, state_names: set[str],
@@ -89,6 +89,10 @@ def batchnorm_stats_model(model: nn.Module, example_input: torch.Tensor, state_n
                           keep_initializers_as_inputs=True)  # never merge equal tensors
     m = onnx.load_from_string(buf.getvalue())
     _initializers_to_inputs(m, state_names)
+    if norm is MomentsNorm:  # each layer's elements per channel of one sample, as metadata
+        counts = {names.moment_count_name(n): str(model.get_submodule(n).elements)
+                  for n in called}  # (a count output cost the arena 64 KiB a pass)
+        onnx.helper.set_model_props(m, counts)
     return m
 
 

@@ -150,33 +150,18 @@ class SideGraphs:
         it runs gets its input's batch mean and variance over the group, the layers before it
         normalising by theirs, as in one training-mode pass over the whole batch; the running
         statistics become the mean over groups of the batch mean and unbiased variance."""
-        role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
         layers = self._moment_layers()
         elements = self._elements(layers)
-        params = self._parameters()
         sums: dict[str, np.ndarray] = {}
         passes = groups = 0
         it = iter(batches())
         while len(xs := [x for _, x in zip(range(group), it)]) == group:
-            for layer in layers:
-                first, second = names.moment_names(layer)
-                s1 = s2 = n = 0.0
-                for x in xs:
-                    outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
-                                    f"BatchNorm moments at batch {len(x)}")
-                    count = float(elements[layer] * len(x))
-                    s1 = s1 + outs[first].astype(np.float64) * count
-                    s2 = s2 + outs[second].astype(np.float64) * count
-                    n += count
-                    passes += 1
+            for layer in layers:  # the layers after it normalise by the batch's statistics
+                mean, var, n, runs = self._set_from_moments(layer, xs, elements[layer])
                 mean_name, var_name = names.running_stat_names(layer)
-                shift = s1 / n
-                mean = params[mean_name].data.astype(np.float64) + shift
-                var = np.maximum(s2 / n - shift * shift, 0.0)
-                self._set(mean_name, mean)  # the layers after it normalise by the batch's
-                self._set(var_name, var)
                 sums[mean_name] = sums.get(mean_name, 0.0) + mean
                 sums[var_name] = sums.get(var_name, 0.0) + var * n / max(n - 1.0, 1.0)
+                passes += runs
             groups += 1
         if groups == 0:
             raise ValueError(f"BatchNorm RESET over steps of {group} micro-batches needs at "
@@ -188,29 +173,35 @@ class SideGraphs:
     def _reset_exact(self, batches: Batches) -> int:
         """Each layer in the order it runs: its input's mean and variance over every sample,
         the layers before it already set (AdaBN's statistics, exact at any micro-batch)."""
+        return sum(self._set_from_moments(layer, batches(), 1)[3]
+                   for layer in self._moment_layers())
+
+    def _set_from_moments(self, layer: str, xs, elements: int
+                          ) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """One moments-graph pass per input of `xs`: set `layer`'s running statistics to its
+        input's mean and (population) variance over them, each sample weighing `elements`
+        per channel. Returns (mean, variance, elements in all, passes run)."""
         role, inp = names.BATCHNORM_MOMENTS_MODEL, self._manifest.input.name
-        layers = self._moment_layers()
-        params = self._parameters()
+        first, second = names.moment_names(layer)
+        s1 = s2 = n = 0.0
         passes = 0
-        for layer in layers:
-            first, second = names.moment_names(layer)
-            s1 = s2 = 0.0
-            count = 0
-            for x in batches():
-                outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
-                                f"BatchNorm moments at batch {len(x)}")
-                s1 = s1 + outs[first].astype(np.float64) * len(x)
-                s2 = s2 + outs[second].astype(np.float64) * len(x)
-                count += len(x)
-                passes += 1
-            if count == 0:
-                raise ValueError("BatchNorm statistics need at least one batch of samples")
-            mean_name, var_name = names.running_stat_names(layer)
-            shift, square = s1 / count, s2 / count
-            mean = params[mean_name].data.astype(np.float64) + shift
-            self._set(var_name, np.maximum(square - shift * shift, 0.0))
-            self._set(mean_name, mean)
-        return passes
+        for x in xs:
+            outs = self.run(role, {inp: np.ascontiguousarray(x, np.float32)},
+                            f"BatchNorm moments at batch {len(x)}")
+            count = float(elements * len(x))
+            s1 = s1 + outs[first].astype(np.float64) * count
+            s2 = s2 + outs[second].astype(np.float64) * count
+            n += count
+            passes += 1
+        if n == 0:
+            raise ValueError("BatchNorm statistics need at least one batch of samples")
+        mean_name, var_name = names.running_stat_names(layer)
+        shift = s1 / n
+        mean = self._parameters()[mean_name].data.astype(np.float64) + shift
+        var = np.maximum(s2 / n - shift * shift, 0.0)
+        self._set(mean_name, mean)
+        self._set(var_name, var)
+        return mean, var, n, passes
 
     def _set(self, name: str, value: np.ndarray) -> None:
         params = self._parameters()

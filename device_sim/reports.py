@@ -37,7 +37,9 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     accumulate = accumulate or manifest.plan.accumulation_steps
     r = measure(artifact, batch, budget_bytes, accumulate, steps, threads, select=select,
                 adapt=adapt)
-    pred = predict_manifest(artifact, manifest, batch, r.threads)
+    stats = replays_batchnorm(manifest, adapt)
+    pred = predict_manifest(artifact, manifest, batch, r.threads, batchnorm_stats=stats,
+                            batchnorm_group=accumulate)
     train = str(Path(artifact) / manifest.files[names.TRAINING_MODEL].path)
     eval_model = str(Path(artifact) / manifest.files[names.EVAL_MODEL].path)
     cost = step_cost(train, batch, sum(t.nbytes // 4 for t in manifest.trainable))
@@ -59,9 +61,8 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
                          "recomputed": list(manifest.plan.recomputed), "extra_flops": extra,
                          "extra_flops_ratio": round(extra / max(1, cost.flops - extra), 4)},
            "predicted_device_step_time_s": device_time, "covers": COVERS,
-           # --adapt replayed BatchNorm statistics first: a pass the prediction does not cover
-           "batchnorm_stats_pass": adapt == "bn" or (adapt == "auto" and
-                                                     manifest.batchnorm_adapt_role is not None)}
+           # --adapt replayed BatchNorm statistics first (the prediction includes the pass)
+           "batchnorm_stats_pass": stats}
     if plot_dir:
         from exporters.views.graphview import forward_graph, parts_of, write_graph_svg
         from exporters.views.report import plot_graph, plot_timeline  # matplotlib: only when asked
@@ -81,6 +82,11 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     return doc
 
 
+def replays_batchnorm(manifest, adapt: str) -> bool:
+    """Whether a cycle replaying personalise --adapt `adapt` runs a BatchNorm statistics pass."""
+    return adapt == "bn" or (adapt == "auto" and manifest.batchnorm_adapt_role is not None)
+
+
 def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
                adapt: str = "none", progress=None) -> FitResult:
     """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
@@ -89,7 +95,8 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
     manifest = load_manifest(artifact)
 
     def predicted_peak(b: int) -> int | None:
-        p = predict_manifest(artifact, manifest, b)
+        p = predict_manifest(artifact, manifest, b, batchnorm_stats=replays_batchnorm(
+            manifest, adapt), batchnorm_group=manifest.plan.accumulation_steps)
         return p.peak_bytes if p.complete else None
 
     def confirmed(b: int):

@@ -16,8 +16,9 @@ from pathlib import Path
 from edgetrain.atomicfile import atomic_write_bytes
 from edgetrain.graphcheck import check_model_bytes
 from edgetrain.jsonfile import read_json
-from edgetrain.manifestcheck import check_dict, check_patching
-from edgetrain.names import BATCHNORM_ADAPT_ROLES, MANIFEST_NAME, REQUIRED_ROLES
+from edgetrain.manifestcheck import check_dict, check_patching, check_plan_values
+from edgetrain.names import (BATCHNORM_ADAPT_ROLES, BATCHNORM_MOMENTS_MODEL, MANIFEST_NAME,
+                             REQUIRED_ROLES)
 from edgetrain.specs import (IMU_CHANNELS, PREPROCESSES, ArtifactError, InputSpec, MaskSpec,
                              TensorSpec)
 
@@ -83,21 +84,7 @@ class Plan:
     saved_activations: str = "fp32"
 
     def __post_init__(self):
-        if self.saved_activations not in SAVED_ACTIVATIONS:
-            raise ValueError(f"plan.saved_activations is {self.saved_activations!r}; it must be "
-                             f"one of {list(SAVED_ACTIVATIONS)}")
-        if self.batchnorm_adapt not in BATCHNORM_ADAPT_ROLES:
-            raise ValueError(f"plan.batchnorm_adapt is {self.batchnorm_adapt!r}; it must be one "
-                             f"of {sorted(BATCHNORM_ADAPT_ROLES)}")
-        for field in ("micro_batch", "accumulation_steps", "threads"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"plan.{field} is {value!r}; it must be a whole number of at "
-                                 "least 1")
-        if isinstance(self.patch_size, bool) or not isinstance(self.patch_size, int) \
-                or self.patch_size < 0:
-            raise ValueError(f"plan.patch_size is {self.patch_size!r}; it must be a whole "
-                             "number of pixels (0: whole images)")
+        check_plan_values(self, SAVED_ACTIVATIONS, BATCHNORM_ADAPT_ROLES)
 
 
 @dataclass(frozen=True)
@@ -200,6 +187,13 @@ class Manifest:
         the artifact has none (no BatchNorm layer, or frozen weights in 8 bits)."""
         role = BATCHNORM_ADAPT_ROLES[self.plan.batchnorm_adapt]
         return role if role in self.files else None
+
+    def batchnorm_pass_role(self, group: int = 1) -> str:
+        """The side graph a BatchNorm statistics pass over steps of `group` micro-batches runs:
+        the plan's, or for a step of several the moments graph (sidegraphs.py). The artifact
+        may have none (batchnorm_adapt_role None)."""
+        return (BATCHNORM_MOMENTS_MODEL if group > 1
+                else BATCHNORM_ADAPT_ROLES[self.plan.batchnorm_adapt])
 
     @property
     def trainable_bytes(self) -> int:

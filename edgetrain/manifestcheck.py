@@ -125,6 +125,25 @@ def check_dict(d: dict, plan_fields) -> None:
     expect(d.get("dense_weights", {}), dict, "dense_weights")
 
 
+def check_plan_values(plan, saved_activations, adapt_roles) -> None:
+    """Raise ValueError unless the plan's fields hold values the runtime can act on."""
+    if plan.saved_activations not in saved_activations:
+        raise ValueError(f"plan.saved_activations is {plan.saved_activations!r}; it must be "
+                         f"one of {list(saved_activations)}")
+    if plan.batchnorm_adapt not in adapt_roles:
+        raise ValueError(f"plan.batchnorm_adapt is {plan.batchnorm_adapt!r}; it must be one "
+                         f"of {sorted(adapt_roles)}")
+    for field in ("micro_batch", "accumulation_steps", "threads"):
+        value = getattr(plan, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"plan.{field} is {value!r}; it must be a whole number of at "
+                             "least 1")
+    if isinstance(plan.patch_size, bool) or not isinstance(plan.patch_size, int) \
+            or plan.patch_size < 0:
+        raise ValueError(f"plan.patch_size is {plan.patch_size!r}; it must be a whole "
+                         "number of pixels (0: whole images)")
+
+
 def check_patching(sample: tuple[int, ...], image: tuple[int, ...], patch: int) -> None:
     """A whole sample (image) is the model's sample, or cut into [C, patch, patch] patches."""
     if patch == 0:

@@ -109,10 +109,8 @@ class SideGraphs:
     def probe_batchnorm(self, x: np.ndarray, group: int = 1) -> None:
         """Run the statistics graph reset_batchnorm(…, group) runs once on x (a budget
         check); changes no state."""
-        role = names.BATCHNORM_ADAPT_ROLES[self._manifest.plan.batchnorm_adapt]
-        if group > 1:
-            role = names.BATCHNORM_MOMENTS_MODEL
-        self.run(role, {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
+        self.run(self._manifest.batchnorm_pass_role(group),
+                 {self._manifest.input.name: np.ascontiguousarray(x, np.float32)},
                  f"BatchNorm statistics at batch {len(x)}")
 
     def _moment_layers(self) -> list[str]:

@@ -68,6 +68,22 @@ def test_scratch_replay_by_hand(tiny_artifact):
 
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_prediction_covers_the_batchnorm_statistics_pass(tiny_artifact, accumulate):
+    """`measure --adapt bn` runs the statistics graph (over a step of 2 micro-batches, the
+    moments graph) before the first step, in the same arena, and the regions it leaves stay
+    the arena's: the prediction includes them (exporters/predictor/cycle.py), to within 1% of
+    the allocator, above the cycle without the pass."""
+    r = cli("measure", tiny_artifact, "--batch", "4", "--accumulate", str(accumulate),
+            "--adapt", "bn", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["batchnorm_stats_pass"] and d["predicted_complete"]
+    without = predictor.predict_manifest(tiny_artifact, load_manifest(tiny_artifact), 4)
+    assert d["predicted_peak_bytes"] > without.peak_bytes
+    assert abs(d["predicted_peak_bytes"] - d["peak_bytes"]) <= 0.01 * d["peak_bytes"]
+
+
 def test_prediction_is_for_the_plans_threads_not_the_exporting_machine(tiny_artifact, monkeypatch):
     """The manifest's prediction is for plan.threads; the machine's CPU count plays no part."""
     m = load_manifest(tiny_artifact)

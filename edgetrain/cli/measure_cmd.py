@@ -49,7 +49,7 @@ def devices(as_json):
 @click.option("--adapt", type=click.Choice(["none", "bn", "auto"]), default="none",
               show_default=True, help="Replay personalise --adapt (bn: BatchNorm statistics "
               "first; auto: where the artifact has BatchNorm layers). The prediction covers "
-              "the training cycle, not the statistics pass.")
+              "the statistics pass too.")
 @json_option
 def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_dir, select,
             adapt, as_json):
@@ -87,8 +87,8 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     if doc["predicted_complete"]:
         click.echo(f"predicted peak (static graph plan, {doc['predicted_threads']} threads): "
                    f"{mib(doc['predicted_peak_bytes'])}  ({err:+.1%} of measured)"
-                   + ("; the prediction covers the training cycle, not the BatchNorm "
-                      "statistics pass --adapt replayed" if doc["batchnorm_stats_pass"] else ""))
+                   + ("; the BatchNorm statistics pass included" if doc["batchnorm_stats_pass"]
+                      else ""))
     else:
         click.echo(f"predictor: {doc['prediction_caveat']}")
     device_time = doc["predicted_device_step_time_s"]

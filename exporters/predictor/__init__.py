@@ -20,6 +20,7 @@ from pathlib import Path
 
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
+from exporters.predictor.cycle import cycle_activation_bytes, side_graph_plan
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
@@ -52,7 +53,8 @@ MODELLED_OPS = frozenset({
     "LeakyReluGrad", "LessOrEqual", "Log",
     "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mul", "Neg", "Pad", "PassThrough", "Pow",
     "QuickGelu",
-    "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceSum", "ReduceSumTraining", "Relu",
+    "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceProd", "ReduceSum", "ReduceSumTraining",
+    "Relu",
     "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape",
     "Size", "Slice", "SliceGrad",
     "Sigmoid", "SigmoidGrad", "Sign", "Softmax", "SoftmaxCrossEntropyLoss",
@@ -83,6 +85,9 @@ class Prediction:
     activations_range_bytes: tuple[int, int] = (0, 0)
     # why the step could not be simulated at all ('' when it was)
     failure: str = ""
+    # the side graph of the BatchNorm statistics pass run before the first step, whose
+    # allocations the prediction includes ('' when the cycle runs none)
+    batchnorm_pass: str = ""
     method: str = METHOD
 
     @property
@@ -151,12 +156,17 @@ def known_shapes(eval_path: str, batch: int) -> Shapes | None:
         return None
 
 
-def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
-                     ) -> list[tuple[StepPlan, int]]:
+def activation_plans(train: str, batch: int, threads: int, known: Shapes | None,
+                     side: str | None = None) -> list[tuple[StepPlan, int]]:
     """The step's plan in both orders of Shape nodes, each with its activation bytes: the
-    memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
-    prediction claims the larger."""
+    memory-pattern block (arena-rounded) plus the run-time allocations outside it, or, with
+    `side` (the BatchNorm statistics graph a run passes once before its first step), the
+    arena after that pass and the step (cycle.py). The prediction claims the larger."""
     plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
+    if side is not None:
+        side_plan = side_graph_plan(side, batch)
+        return [(p, cycle_activation_bytes(train, p, side, side_plan, batch, threads, known))
+                for p in plans]
     return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
             for p in plans]
 
@@ -170,11 +180,13 @@ def claimed_plan(train: str, eval_model: str, batch: int, threads: int
 
 
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
-            threads: int) -> Prediction:
+            threads: int, batchnorm_role: str | None = None) -> Prediction:
     """Predicted peak of the training cycle at `batch` for the artifact in `folder`.
 
     trainable, frozen: TensorSpecs of the checkpoint; files: role -> file name;
-    threads: the runtime's intra-op thread count (the manifest's plan.threads)."""
+    threads: the runtime's intra-op thread count (the manifest's plan.threads);
+    batchnorm_role: the side graph of a BatchNorm statistics pass the cycle runs before its
+    first step (Manifest.batchnorm_pass_role), None for a cycle without one."""
     version = check_ort_version()
     if threads < 1:
         raise ValueError(f"threads must be a positive number, got {threads}")
@@ -187,36 +199,43 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:
-        pairs = activation_plans(train, batch, threads, known)
+        side = None if batchnorm_role is None else str(folder / files[batchnorm_role])
+        pairs = activation_plans(train, batch, threads, known, side)
         acts = [a for _, a in pairs]
-        graph = optimized_graph(train)
+        graphs = [optimized_graph(train)] + ([optimized_graph(side)] if side else [])
+        unsized = pairs[0][0].unsized + (side_graph_plan(side, batch).unsized if side else ())
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
     except Exception as e:  # noqa: BLE001 - a graph ORT will not load for analysis: no claim
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         return Prediction(batch=batch, threads=threads, peak_bytes=sum(state.values()),
                           breakdown={**state, "activations": 0, "other": 0},
-                          onnxruntime=version, failure=f"its simulation failed ({first})")
-    # The inference session the runtime opens at the end (no memory pattern), after freeing
-    # the training Module, allocates its weights in the space training used (gradients,
-    # moments, activations); only what does not fit grows the arena.
-    inference = max(0, sum(t.nbytes for t in tensors) - max(acts) - 3 * grads)
+                          onnxruntime=version, failure=f"its simulation failed ({first})",
+                          batchnorm_pass=batchnorm_role or "")
+    # The inference check at the end binds the checkpoint's buffers as its weights (no copy,
+    # edgetrain/inference.py) and runs one sample at a time in the space training freed: it
+    # grows the arena by nothing (measured: imu_cnn training its head at micro-batch 2, whose
+    # weights are 1.8x its activations and training state, 0 bytes).
     breakdown = {
         **state,
         "activations": max(acts),
-        "other": constants + RUNTIME_SCALAR_BYTES + inference,
+        "other": constants + RUNTIME_SCALAR_BYTES,
     }
-    ops = {n.op_type for n in graph.graph.node}
+    ops = {n.op_type for g in graphs for n in g.graph.node}
     return Prediction(batch=batch, threads=threads, peak_bytes=sum(breakdown.values()),
                       breakdown=breakdown, onnxruntime=version,
-                      unsized_tensors=pairs[0][0].unsized,
+                      unsized_tensors=unsized,
                       unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)),
-                      activations_range_bytes=(min(acts), max(acts)))
+                      activations_range_bytes=(min(acts), max(acts)),
+                      batchnorm_pass=batchnorm_role or "")
 
 
-def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None
-                     ) -> Prediction:
-    """predict() for a loaded artifact, at the runtime's thread count unless told another."""
+def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None,
+                     batchnorm_stats: bool = False, batchnorm_group: int = 1) -> Prediction:
+    """predict() for a loaded artifact, at the runtime's thread count unless told another.
+    batchnorm_stats: the cycle runs a BatchNorm statistics pass first, over steps of
+    `batchnorm_group` micro-batches (as DeviceRuntime.preflight is told)."""
+    side = manifest.batchnorm_pass_role(batchnorm_group) if batchnorm_stats else None
     return predict(folder, manifest.trainable, manifest.frozen, batch,
                    {role: e.path for role, e in manifest.files.items()},
-                   threads or manifest.plan.threads)
+                   threads or manifest.plan.threads, side)

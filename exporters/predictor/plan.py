@@ -84,10 +84,13 @@ def same_shape(a, b) -> bool:
 
 def plan_step(path: str, batch: int, known: Shapes | None = None,
               hoist_shapes: bool = False,
-              memory_reuse: bool = TRAINING_MEMORY_REUSE) -> StepPlan:
-    """Simulate ORT's plan for one training step of the training graph at `path`.
-    known: forward tensor shapes found by running the eval graph (evaluated.py).
-    memory_reuse: ORT's buffer reuse, as the runtime's training session sets it."""
+              memory_reuse: bool = TRAINING_MEMORY_REUSE,
+              memory_pattern: bool = True) -> StepPlan:
+    """Simulate ORT's plan for one run of the graph at `path` (a training step, or a side
+    graph's forward pass). known: forward tensor shapes found by running the eval graph
+    (evaluated.py). memory_reuse: ORT's buffer reuse, as the runtime's training session sets
+    it (side graphs: ORT's default, on). memory_pattern False (the runtime's side graphs,
+    edgetrain/sessions.py): no pattern block; every new buffer is a run-time allocation."""
     model = optimized_graph(path)
     nodes, _ = drop_identities(model)
     order = execution_order(nodes)
@@ -96,7 +99,7 @@ def plan_step(path: str, batch: int, known: Shapes | None = None,
     sized = tensor_shapes(model, batch, known)
     symb = node_arg_shapes(model)
     reuse = _reuse_plan(model, nodes, order, symb, memory_reuse)
-    return _trace(nodes, order, batch, sized, symb, reuse, model)
+    return _trace(nodes, order, batch, sized, symb, reuse, model, memory_pattern)
 
 
 @dataclass
@@ -162,7 +165,8 @@ def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool) -
     return _Reuse(buf, new, outputs, end)
 
 
-def _trace(nodes, order, batch, sized, symb, reuse: _Reuse, model) -> StepPlan:
+def _trace(nodes, order, batch, sized, symb, reuse: _Reuse, model,
+           memory_pattern: bool = True) -> StepPlan:
     symbols = {d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim
                if d.dim_param}
     last = len(order) - 1
@@ -183,7 +187,7 @@ def _trace(nodes, order, batch, sized, symb, reuse: _Reuse, model) -> StepPlan:
             until = reuse.end.get(o, last) if o in reuse.new else last
             resolvable = dims is not None and all(
                 (isinstance(d, int) and d > 0) or d in symbols for d in dims)
-            if o in reuse.outputs or not resolvable:
+            if o in reuse.outputs or not resolvable or not memory_pattern:
                 if actual is not None:
                     dynamic.append((o, nbytes(actual), t, until))
                 continue

@@ -35,6 +35,15 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
                   known: Shapes | None = None) -> int:
     """The arena's growth outside the memory pattern in one step at `batch` with `threads`,
     for the training graph at `path` and its plan (plan_step)."""
+    arena = RegionArena()
+    replay(arena, path, batch, threads, plan, known)
+    return sum(arena.regions)
+
+
+def replay(arena: "RegionArena", path: str, batch: int, threads: int, plan: StepPlan,
+           known: Shapes | None = None) -> None:
+    """Put one run's run-time allocations (the graph at `path`, its plan) through `arena`, in
+    the plan's execution order; everything they take is free again when the run ends."""
     model = optimized_graph(path)
     nodes, _ = drop_identities(model)
     by_name = {n.name: n for n in nodes}
@@ -44,21 +53,21 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
     for name, size, first, last in plan.dynamic:
         starts.setdefault(first, []).append((name, size))
         ends[name] = last
-    arena = RegionArena()
     live: list[str] = []
     for t, name in enumerate(plan.order):
+        for tensor, size in starts.get(t, []):  # a kernel asks for its outputs first
+            arena.alloc(tensor, size)
+            live.append(tensor)
         temps = conv_temporaries(by_name[name], shapes, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
-        for tensor, size in starts.get(t, []):
-            arena.alloc(tensor, size)
-            live.append(tensor)
         for k in range(len(temps)):
             arena.free(f"tmp{t}.{k}")
         for tensor in [x for x in live if ends[x] <= t]:
             arena.free(tensor)
             live.remove(tensor)
-    return sum(arena.regions)
+    for tensor in live:
+        arena.free(tensor)
 
 
 def conv_temporaries(n, shapes, threads: int) -> list[int]:

@@ -5,9 +5,13 @@
 Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not change memory)
 at batch 1, 8, 32; the stack's sparse + recompute rows at their micro-batch (STACK_ROWS,
 exported as bench/planner.py exports them); the layer families of tests/wearable_models.py
-(exported through the Python API) at batch 4 and 32. Each is measured with `edgetrain
-measure --json` (a fresh torch-free process per case). Writes bench/results/predictor.json
-and the tables in docs/predictor.md (markers `table`, `stack`, `families`).
+(exported through the Python API) at batch 4 and 32; the cycle with a BatchNorm statistics
+pass first (`measure --adapt bn`): each network with BatchNorm at batch 8 in steps of 1 and 2
+micro-batches (the moments graph then), with `--batchnorm-adapt exact`, and each device
+tier's shipped plan as personalise runs it (`--adapt auto` at its micro-batch and
+accumulation). Each is measured with `edgetrain measure --json` (a fresh torch-free process
+per case). Writes bench/results/predictor.json and the tables in docs/predictor.md (markers
+`table`, `stack`, `families`, `batchnorm`).
 """
 from __future__ import annotations
 
@@ -16,16 +20,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, replace_table, run, save_results, stamp
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn", "imu_transformer"]
 BATCHES = [1, 8, 32]
 FAMILY_BATCHES = [4, 32]
 STACK_ROWS = ("C4", "C5", "C6", "C7")  # sparse weights rebuilt by a recompute plan, batch 1
+BATCHNORM_NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn"]
+EXACT_NETWORKS = ["patch_mobilenet", "imu_cnn"]
+BATCHNORM_BATCH = 8
 
 
-def measured_row(name: str, art: Path, batch: int) -> dict:
-    d = json.loads(run("measure", str(art), "--batch", str(batch), "--steps", "2", "--json"))
+def measured_row(name: str, art: Path, batch: int, *extra: str) -> dict:
+    d = json.loads(run("measure", str(art), "--batch", str(batch), "--steps", "2", *extra,
+                       "--json"))
     err = (d["predicted_peak_bytes"] - d["peak_bytes"]) / d["peak_bytes"]
     claim = ("complete" if d["predicted_complete"] else
              "range" if "Shape nodes" in d["prediction_caveat"] and
@@ -71,10 +79,33 @@ def main() -> None:
         stack = [measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
                  for c, art in stack_artifacts(Path(tmp))]
         families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
-    save_results("predictor", rows + stack + families)
-    write_table(rows, "table")
-    write_table(stack, "stack")
-    write_table(families, "families")
+        batchnorm = list(batchnorm_rows(Path(tmp)))
+    where = stamp()
+    save_results("predictor", [{**r, **where} for r in rows + stack + families + batchnorm])
+    for part, marker in ((rows, "table"), (stack, "stack"), (families, "families"),
+                         (batchnorm, "batchnorm")):
+        write_table(part, marker, where)
+
+
+def batchnorm_rows(tmp: Path):
+    """The cycle with a BatchNorm statistics pass first, measured and predicted."""
+    from device_sim.profiles import TIER_PLANS
+
+    b = BATCHNORM_BATCH
+    for net in BATCHNORM_NETWORKS:  # exported by main()
+        for k in (1, 2):
+            yield measured_row(f"{net}, --adapt bn, steps of {k}", tmp / net, b,
+                               "--adapt", "bn", "--accumulate", str(k))
+    for net in EXACT_NETWORKS:
+        art = tmp / f"{net}-exact"
+        run("export", "--model", net, "--epochs", "0", "--no-cache", "--batchnorm-adapt",
+            "exact", "--out", str(art))
+        yield measured_row(f"{net}, --batchnorm-adapt exact", art, b, "--adapt", "bn")
+    for tier in TIER_PLANS.values():
+        art = tmp / f"tier-{tier.device}"
+        run("export", *tier.export_args(), "--epochs", "0", "--no-cache", "--out", str(art))
+        yield measured_row(f"{tier.device}: {tier.label}", art, tier.micro_batch, "--adapt",
+                           "auto", "--accumulate", str(tier.accumulation))
 
 
 def stack_artifacts(tmp: Path):
@@ -87,8 +118,10 @@ def stack_artifacts(tmp: Path):
                         c.accumulation, c.update)
 
 
-def write_table(rows: list[dict], marker: str) -> None:
-    lines = ["| model | batch | measured peak | predicted peak | error | claim |",
+def write_table(rows: list[dict], marker: str, where: dict) -> None:
+    lines = [f"Measured at commit `{where['commit']}`, {where['date']}, {where['machine']}; "
+             "`bench/predictor.py`.", "",
+             "| model | batch | measured peak | predicted peak | error | claim |",
              "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {r['peak_bytes']:,} | "

@@ -111,7 +111,7 @@ def test_a_step_it_cannot_simulate_gets_no_claim(tiny_artifact, monkeypatch):
     """A graph ORT will not load for analysis: the exact state parts, no claim, and why."""
     m = load_manifest(tiny_artifact)
 
-    def refuse(path):
+    def refuse(path, *level):
         raise RuntimeError("ORT refused the graph")
     monkeypatch.setattr(predictor, "optimized_graph", refuse)
     monkeypatch.setattr("exporters.predictor.plan.optimized_graph", refuse)

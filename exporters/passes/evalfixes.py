@@ -13,6 +13,7 @@ from onnx import numpy_helper
 
 from edgetrain import names
 from exporters.passes.pipeline import Context, Graphs, Pass
+from exporters.plans.quantize import INT8_SUFFIX
 
 
 def fix_eval_batchnorm(m: onnx.ModelProto) -> int:
@@ -57,15 +58,18 @@ VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten
 
 
 def order_eval_weight_builds(m: onnx.ModelProto) -> int:
-    """Make each sparse layer's dense weight, in the eval graph, wait for its layer's input.
+    """Make each weight the eval graph builds from initializers alone wait for its layer's
+    input: a sparse layer's dense weight (Expand zeros, scatter the kept values) and a frozen
+    weight stored in 8 bits (DequantizeLinear, exporters/plans/quantize.py).
 
-    The eval graph builds a masked weight from initializers alone (Expand zeros, scatter the
-    kept values), so ORT may build every layer's weight before the first layer runs and hold
-    them all: the end-of-run inference check, which runs the model exported from this graph
-    without a memory pattern, then grew ResNet-50's arena (C4) by 41.9 MB. The zeros' scalar
-    is rebuilt as Cast(Shape(X)[0:1]) * 0, X being the layer's input (a shape is always
-    finite, so it is exactly 0), and the weight can then be built only once X exists, just
-    before it is read. In place; returns how many weights were tied to their input."""
+    ORT may build every such weight before the first layer runs and hold them all: the
+    end-of-run inference check, which runs the model exported from this graph without a
+    memory pattern, then grew ResNet-50's arena (C4) by 41.9 MB, and the 8-bit imu_cnn at
+    width 0.5, micro-batch 2 by 131,072 bytes (its four weights rebuilt at once left MLAS's
+    convolution buffer no room). A zero tied to the layer's input X, Cast(Shape(X)[0:1]) * 0
+    (a shape is always finite, so it is exactly 0), becomes the scalar the zeros are expanded
+    from, or is added to the 8-bit weight's scales; the weight can then be built only once X
+    exists, just before it is read. In place; returns how many weights were tied."""
     g = m.graph
     producer = {o: n for n in g.node for o in n.output if o}
     readers: dict[str, list] = {}
@@ -75,22 +79,25 @@ def order_eval_weight_builds(m: onnx.ModelProto) -> int:
     zero = "edgetrain_eval_zero"
     tied = 0
     for n in list(g.node):
-        if n.op_type != "ScatterElements" or not n.input[1].endswith(
-                names.MASK_POSITIONS_SUFFIX):
+        if n.op_type == "ScatterElements" and n.input[1].endswith(names.MASK_POSITIONS_SUFFIX):
+            waits = producer.get(n.input[0])  # the Expand whose scalar becomes the tied zero
+            if waits is None or waits.op_type != "Expand":
+                continue
+        elif n.op_type == "DequantizeLinear" and n.input[0].endswith(INT8_SUFFIX):
+            waits = n  # its scales get the tied zero added
+        else:
             continue
-        expand = producer.get(n.input[0])
-        if expand is None or expand.op_type != "Expand":
-            continue
-        t = n.output[0]
+        t, chain = n.output[0], [n]
         while len(readers.get(t, [])) == 1 and readers[t][0][0].op_type in VIEW_OPS:
-            t = readers[t][0][0].output[0]
+            chain.append(readers[t][0][0])
+            t = chain[-1].output[0]
         if len(readers.get(t, [])) != 1:
             continue
         layer, k = readers[t][0]
         data = layer.input[1 if k == 0 else 0] if len(layer.input) > 1 else ""
         if not data or data == t:
             continue
-        base = f"{expand.output[0]}_after_input"
+        base = f"{waits.output[0]}_after_input"
         if not tied:
             g.initializer.append(numpy_helper.from_array(
                 np.zeros((), np.float32), zero))
@@ -99,10 +106,19 @@ def order_eval_weight_builds(m: onnx.ModelProto) -> int:
                onnx.helper.make_node("Cast", [f"{base}_shape"], [f"{base}_float"],
                                      to=onnx.TensorProto.FLOAT, name=f"{base}/cast"),
                onnx.helper.make_node("Mul", [f"{base}_float", zero], [base], name=f"{base}/zero")]
-        at = list(g.node).index(expand)
+        if waits is n:  # the rebuild moves next to its layer, after X's producer
+            new.append(onnx.helper.make_node("Add", [n.input[1], base], [f"{base}_scale"],
+                                             name=f"{base}/scale"))
+            n.input[1] = f"{base}_scale"
+            for node in chain:
+                g.node.remove(node)
+            at = list(g.node).index(layer)
+            new += chain
+        else:
+            waits.input[0] = base
+            at = list(g.node).index(waits)
         for j, node in enumerate(new):
             g.node.insert(at + j, node)
-        expand.input[0] = base
         tied += 1
     return tied
 

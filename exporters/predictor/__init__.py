@@ -20,7 +20,9 @@ from pathlib import Path
 
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
-from exporters.predictor.cycle import cycle_activation_bytes, side_graph_plan
+from exporters.predictor.cycle import (INFERENCE_BATCH, InferenceCheck, cycle_activation_bytes,
+                                       inference_plan, side_graph_plan)
+from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
@@ -42,7 +44,8 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # Softmax, Transpose, Gather), embeddings. A training graph with any other operator
 # (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
-    "Add", "And", "BatchNormInternal", "BatchNormalizationGrad", "BroadcastGradientArgs",
+    "Add", "And", "BatchNormInternal", "BatchNormalization", "BatchNormalizationGrad",
+    "BroadcastGradientArgs",
     "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "ConvTranspose",
     "DequantizeLinear", "DynamicQuantizeLinear",
     "Div", "Dropout", "DropoutGrad",
@@ -51,7 +54,7 @@ MODELLED_OPS = frozenset({
     "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LeakyRelu",
     "LeakyReluGrad", "LessOrEqual", "Log",
-    "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mul", "Neg", "Pad", "PassThrough", "Pow",
+    "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mod", "Mul", "Neg", "Pad", "PassThrough", "Pow",
     "QuickGelu",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceProd", "ReduceSum", "ReduceSumTraining",
     "Relu",
@@ -156,17 +159,12 @@ def known_shapes(eval_path: str, batch: int) -> Shapes | None:
         return None
 
 
-def activation_plans(train: str, batch: int, threads: int, known: Shapes | None,
-                     side: str | None = None) -> list[tuple[StepPlan, int]]:
+def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
+                     ) -> list[tuple[StepPlan, int]]:
     """The step's plan in both orders of Shape nodes, each with its activation bytes: the
-    memory-pattern block (arena-rounded) plus the run-time allocations outside it, or, with
-    `side` (the BatchNorm statistics graph a run passes once before its first step), the
-    arena after that pass and the step (cycle.py). The prediction claims the larger."""
+    memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
+    prediction claims the larger (of the whole cycle's, cycle.py)."""
     plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
-    if side is not None:
-        side_plan = side_graph_plan(side, batch)
-        return [(p, cycle_activation_bytes(train, p, side, side_plan, batch, threads, known))
-                for p in plans]
     return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
             for p in plans]
 
@@ -200,10 +198,17 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
              "optimizer_state": 2 * grads}
     try:
         side = None if batchnorm_role is None else str(folder / files[batchnorm_role])
-        pairs = activation_plans(train, batch, threads, known, side)
-        acts = [a for _, a in pairs]
-        graphs = [optimized_graph(train)] + ([optimized_graph(side)] if side else [])
-        unsized = pairs[0][0].unsized + (side_graph_plan(side, batch).unsized if side else ())
+        plans = [p for p, _ in activation_plans(train, batch, threads, known)]
+        chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
+        inference = InferenceCheck(
+            inference_model(train, eval_path, str(folder / files[names.CHECKPOINT])),
+            known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
+        acts = [cycle_activation_bytes(train, p, eval_path, batch, threads, known, chunks, side,
+                                       inference) for p in plans]
+        graphs = [optimized_graph(train), optimized_graph(inference.model, 0),
+                  *([optimized_graph(side)] if side else [])]
+        unsized = (plans[0].unsized + inference_plan(inference.model).unsized
+                   + (side_graph_plan(side, batch).unsized if side else ()))
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
     except Exception as e:  # noqa: BLE001 - a graph ORT will not load for analysis: no claim
@@ -212,10 +217,6 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
                           breakdown={**state, "activations": 0, "other": 0},
                           onnxruntime=version, failure=f"its simulation failed ({first})",
                           batchnorm_pass=batchnorm_role or "")
-    # The inference check at the end binds the checkpoint's buffers as its weights (no copy,
-    # edgetrain/inference.py) and runs one sample at a time in the space training freed: it
-    # grows the arena by nothing (measured: imu_cnn training its head at micro-batch 2, whose
-    # weights are 1.8x its activations and training state, 0 bytes).
     breakdown = {
         **state,
         "activations": max(acts),

@@ -1,49 +1,106 @@
-"""A training cycle whose first step follows a BatchNorm statistics pass, through one arena
-(a prediction).
+"""The arena through a personalisation cycle, phase by phase (a prediction).
 
-Where a run adapts BatchNorm (`personalise`'s recipe, `measure --adapt`), the runtime's
-preflight runs the statistics side graph once before the first training step
-(edgetrain/runtime.py), in the same capped arena. A side graph's session has no memory pattern
-(edgetrain/sessions.py), so its graph constants and each buffer of its run are ordinary arena
-allocations: the arena grows by a region of exactly a request's size when no freed gap holds
-it (arena_extend_strategy 1) and keeps every region after the pass. The training step's
-memory-pattern block then takes a freed region big enough or grows the arena by its own size,
-and the step's run-time allocations take gaps of either (scratch.RegionArena, scratch.replay).
-Later statistics passes and steps repeat the same requests into the same regions, so the
-first pass and the first step set the peak.
+The capped env arena grows by a region of exactly a request's size when no free gap of its
+regions holds the request (arena_extend_strategy 1) and never gives a region back, so what it
+holds at the end is the most the cycle needed (scratch.RegionArena models it). The runtime
+(edgetrain/runtime.py) fills it in this order:
 
-The side graph's plan is ORT's default reuse plan (on for side graphs) in the order with
-Shape nodes run as early as possible (plan.hoist_shape_ops): a statistics graph reads each
-layer's input again only for its Shape, at the end of the graph, and the allocator measured
-the input freed after its layer (imu_cnn at micro-batch 8: 745,472 bytes of regions for the
-pass; holding each input to the end would take 1,103,872).
+1. load: a gradient buffer per trained tensor and AdamW's two moments, a chunk each;
+2. a BatchNorm statistics pass first, where the run adapts BatchNorm (`personalise --adapt`,
+   `measure --adapt`): the side graph's session has no memory pattern, so its constants and
+   each buffer of its run are arena allocations of their own, which leave their regions
+   behind (edgetrain/sessions.py);
+3. the training step: its memory-pattern block takes a freed region big enough or grows the
+   arena by its own size, then its run-time allocations (scratch.replay); then an eval pass
+   (the Module's eval graph, with a memory pattern too), whose block can take the region
+   the step's convolution buffer left and so push the next buffer into a new one (imu_cnn
+   at width 0.5 with 8-bit frozen weights, micro-batch 2: 131,072 bytes);
+4. the inference check: the training Module, optimizer and side graphs are freed, and the
+   exported model (inferencegraph.py) runs one sample at a time, unoptimised and without a
+   memory pattern, its weights the checkpoint's own buffers (edgetrain/inference.py): only
+   its constants and what it computes (a frozen 8-bit weight rebuilt in float, MLAS's
+   convolution buffer, one sample's activations) take arena space, in the regions the cycle
+   left free, or grow it.
+
+Later statistics passes and steps repeat the same requests into the same regions. The side
+graph's plan is ORT's default reuse plan (on outside training) in the order with Shape nodes
+run as early as possible (plan.hoist_shape_ops): a statistics graph reads each layer's input
+again only for its Shape, at its end, and the allocator measured the input freed after its
+layer (imu_cnn at micro-batch 8: 745,472 bytes of regions for the pass; holding each input to
+the end would take 1,103,872).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from edgetrain.budget import arena_rounded
-from exporters.predictor.ortgraph import optimized_graph
+from exporters.predictor.ortgraph import OPTIMIZATION_LEVEL, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
 from exporters.predictor.scratch import RegionArena, replay
 from exporters.predictor.shapes import Shapes, initializer_bytes
 
-
-def side_graph_plan(side: str, batch: int) -> StepPlan:
-    """The plan of one run of the side graph at `side` at `batch`, as its session runs it."""
-    return plan_step(side, batch, hoist_shapes=True, memory_reuse=True, memory_pattern=False)
+INFERENCE_BATCH = 1  # the inference check runs one sample at a time (edgetrain/inference.py)
 
 
-def cycle_activation_bytes(train: str, train_plan: StepPlan, side: str, side_plan: StepPlan,
-                           batch: int, threads: int, known: Shapes | None) -> int:
-    """The arena's activation bytes (everything but the training state) after the side graph
-    at `side` runs once and then the training step of `train_plan`."""
+def side_graph_plan(side: str, batch: int, graph_level: int = OPTIMIZATION_LEVEL) -> StepPlan:
+    """The plan of one run of the graph at `side` in a session without a memory pattern
+    (ORT's optimisation at `graph_level`: side graphs open at the default)."""
+    return plan_step(side, batch, hoist_shapes=True, memory_reuse=True, memory_pattern=False,
+                     graph_level=graph_level)
+
+
+def inference_plan(model: str) -> StepPlan:
+    """The inference check's run of `model` (inferencegraph.inference_model): unoptimised, one
+    sample."""
+    return side_graph_plan(model, INFERENCE_BATCH, graph_level=0)
+
+
+@dataclass(frozen=True)
+class InferenceCheck:
+    model: str  # the inference model's path (inferencegraph.inference_model)
+    shapes: Shapes | None  # its tensors' shapes at one sample, where known
+    bound: frozenset[str]  # initializers the runtime binds to the checkpoint's buffers
+
+
+def cycle_activation_bytes(train: str, train_plan: StepPlan, eval_model: str, batch: int,
+                           threads: int, known: Shapes | None, state_chunks: list[int],
+                           side: str | None, inference: InferenceCheck | None) -> int:
+    """The arena bytes the cycle holds beyond the training state (`state_chunks`: the bytes
+    of each gradient and moment buffer): the statistics pass of the side graph at `side`
+    (None: no pass), the training step of `train_plan`, an eval pass of `eval_model` at the
+    same batch, and the inference check (None: not modelled)."""
     arena = RegionArena()
-    for k, init in enumerate(optimized_graph(side).graph.initializer):
-        if size := initializer_bytes(init):  # the session keeps its constants while open
-            arena.alloc(f"constant{k}", size)
-    replay(arena, side, batch, threads, side_plan)
-    arena.alloc("memory pattern", arena_rounded(train_plan.pattern_bytes))
-    replay(arena, train, batch, threads, train_plan, known)
-    return sum(arena.regions)
+    for k, size in enumerate(state_chunks):
+        arena.alloc(f"state{k}", size)
+    state_bytes = sum(arena.regions)
+    side_constants = []
+    if side is not None:
+        side_constants = _open(arena, optimized_graph(side), "side")
+        replay(arena, side, batch, threads, side_graph_plan(side, batch))
+    for path, plan in ((train, train_plan), (eval_model, plan_step(eval_model, batch, known))):
+        arena.alloc("memory pattern", arena_rounded(plan.pattern_bytes))  # one run's block
+        replay(arena, path, batch, threads, plan, known)
+        arena.free("memory pattern")
+    if inference is not None:
+        for name in [*side_constants, *(f"state{k}" for k in range(len(state_chunks)))]:
+            arena.free(name)
+        _open(arena, optimized_graph(inference.model, 0), "inference", inference.bound)
+        replay(arena, inference.model, INFERENCE_BATCH, threads,
+               inference_plan(inference.model), inference.shapes)
+    return sum(arena.regions) - state_bytes
 
 
-__all__ = ["cycle_activation_bytes", "side_graph_plan"]
+def _open(arena: RegionArena, graph, tag: str, bound: frozenset[str] = frozenset()
+          ) -> list[str]:
+    """A session without a memory pattern allocates each of its graph's constants when it
+    opens and keeps them while open; returns their arena names. Graph inputs (weights the
+    runtime feeds) and `bound` initializers (the checkpoint's buffers) take nothing."""
+    taken = []
+    for k, init in enumerate(graph.graph.initializer):
+        if init.name not in bound and (size := initializer_bytes(init)):
+            arena.alloc(f"{tag} constant{k}", size)
+            taken.append(f"{tag} constant{k}")
+    return taken
+
+
+__all__ = ["InferenceCheck", "cycle_activation_bytes", "inference_plan", "side_graph_plan"]

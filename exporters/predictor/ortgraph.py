@@ -44,20 +44,21 @@ def _stamp(path: str) -> tuple[str, int, int]:
     return (os.path.abspath(path), st.st_mtime_ns, st.st_size)
 
 
-def optimized_graph(path: str) -> onnx.ModelProto:
-    """The graph at `path` as ORT's optimiser leaves it, nodes in ORT's in-memory order."""
+def optimized_graph(path: str, level: int = OPTIMIZATION_LEVEL) -> onnx.ModelProto:
+    """The graph at `path` as ORT's optimiser leaves it at `level` (0: as the runtime's
+    inference check opens it, unoptimised), nodes in ORT's in-memory order."""
     out = onnx.ModelProto()
-    out.ParseFromString(_optimized(_stamp(path)))
+    out.ParseFromString(_optimized(_stamp(path), level))
     return out
 
 
 @lru_cache(maxsize=32)
-def _optimized(stamp: tuple[str, int, int]) -> bytes:
+def _optimized(stamp: tuple[str, int, int], level: int) -> bytes:
     ort = onnxruntime_module()
     path = stamp[0]
     with tempfile.TemporaryDirectory() as tmp:
         so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel(OPTIMIZATION_LEVEL)
+        so.graph_optimization_level = ort.GraphOptimizationLevel(level)
         so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         so.add_session_config_entry(DISABLED_OPTIMIZERS_KEY, ",".join(DISABLED_OPTIMIZERS))
         so.log_severity_level = 3

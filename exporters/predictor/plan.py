@@ -22,13 +22,14 @@ predictor reports as a range.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgetrain.sessions import TRAINING_MEMORY_REUSE
 from exporters.graph import ALIAS_OPS, drop_identities, execution_order
-from exporters.predictor.ortgraph import SymbolicShapes, node_arg_shapes, optimized_graph
+from exporters.predictor.ortgraph import (OPTIMIZATION_LEVEL, SymbolicShapes, node_arg_shapes,
+                                          optimized_graph)
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 
 # output 0 may overwrite input 0 (the CPU kernel's MayInplace(0, 0)), each checked against
@@ -52,6 +53,7 @@ class StepPlan:
     # the pattern buffers live when most are (live_peak_bytes): (tensor, bytes), the tensor
     # the buffer holds at that moment (the last written into it: ORT reuses buffers)
     peak_buffers: tuple[tuple[str, int], ...] = ()
+    graph_level: int = OPTIMIZATION_LEVEL  # ORT's optimisation level of the graph planned
 
 
 def hoist_shape_ops(nodes, order: list[int]) -> list[int]:
@@ -85,13 +87,15 @@ def same_shape(a, b) -> bool:
 def plan_step(path: str, batch: int, known: Shapes | None = None,
               hoist_shapes: bool = False,
               memory_reuse: bool = TRAINING_MEMORY_REUSE,
-              memory_pattern: bool = True) -> StepPlan:
+              memory_pattern: bool = True, graph_level: int = OPTIMIZATION_LEVEL
+              ) -> StepPlan:
     """Simulate ORT's plan for one run of the graph at `path` (a training step, or a side
     graph's forward pass). known: forward tensor shapes found by running the eval graph
     (evaluated.py). memory_reuse: ORT's buffer reuse, as the runtime's training session sets
     it (side graphs: ORT's default, on). memory_pattern False (the runtime's side graphs,
-    edgetrain/sessions.py): no pattern block; every new buffer is a run-time allocation."""
-    model = optimized_graph(path)
+    edgetrain/sessions.py): no pattern block; every new buffer is a run-time allocation.
+    graph_level: ORT's optimisation level of the session (0 for the inference check)."""
+    model = optimized_graph(path, graph_level)
     nodes, _ = drop_identities(model)
     order = execution_order(nodes)
     if hoist_shapes:
@@ -99,7 +103,8 @@ def plan_step(path: str, batch: int, known: Shapes | None = None,
     sized = tensor_shapes(model, batch, known)
     symb = node_arg_shapes(model)
     reuse = _reuse_plan(model, nodes, order, symb, memory_reuse)
-    return _trace(nodes, order, batch, sized, symb, reuse, model, memory_pattern)
+    plan = _trace(nodes, order, batch, sized, symb, reuse, model, memory_pattern)
+    return replace(plan, graph_level=graph_level)
 
 
 @dataclass

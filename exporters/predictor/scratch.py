@@ -44,7 +44,7 @@ def replay(arena: "RegionArena", path: str, batch: int, threads: int, plan: Step
            known: Shapes | None = None) -> None:
     """Put one run's run-time allocations (the graph at `path`, its plan) through `arena`, in
     the plan's execution order; everything they take is free again when the run ends."""
-    model = optimized_graph(path)
+    model = optimized_graph(path, plan.graph_level)
     nodes, _ = drop_identities(model)
     by_name = {n.name: n for n in nodes}
     shapes = runtime_shapes(model, batch, known=known)

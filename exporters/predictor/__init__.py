@@ -20,8 +20,8 @@ from pathlib import Path
 
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
-from exporters.predictor.cycle import (INFERENCE_BATCH, InferenceCheck, cycle_activation_bytes,
-                                       inference_plan, side_graph_plan)
+from exporters.predictor.cycle import (INFERENCE_BATCH, Run, cycle_activation_bytes, inference_run,
+                                       side_run)
 from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
@@ -200,15 +200,17 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
         side = None if batchnorm_role is None else str(folder / files[batchnorm_role])
         plans = [p for p, _ in activation_plans(train, batch, threads, known)]
         chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
-        inference = InferenceCheck(
+        eval_pass = Run.of(eval_path, plan_step(eval_path, batch, known), known)
+        inference = inference_run(
             inference_model(train, eval_path, str(folder / files[names.CHECKPOINT])),
             known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
-        acts = [cycle_activation_bytes(train, p, eval_path, batch, threads, known, chunks, side,
-                                       inference) for p in plans]
-        graphs = [optimized_graph(train), optimized_graph(inference.model, 0),
+        side_pass = None if side is None else side_run(side, batch)
+        acts = [cycle_activation_bytes(Run.of(train, p, known), eval_pass, threads, chunks,
+                                       side_pass, inference) for p in plans]
+        graphs = [optimized_graph(train), optimized_graph(inference.path, 0),
                   *([optimized_graph(side)] if side else [])]
-        unsized = (plans[0].unsized + inference_plan(inference.model).unsized
-                   + (side_graph_plan(side, batch).unsized if side else ()))
+        unsized = (plans[0].unsized + inference.plan.unsized
+                   + (side_pass.plan.unsized if side_pass else ()))
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
     except Exception as e:  # noqa: BLE001 - a graph ORT will not load for analysis: no claim

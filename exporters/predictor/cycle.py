@@ -36,71 +36,80 @@ from dataclasses import dataclass
 from edgetrain.budget import arena_rounded
 from exporters.predictor.ortgraph import OPTIMIZATION_LEVEL, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
-from exporters.predictor.scratch import RegionArena, replay
+from exporters.predictor.scratch import RegionArena, replay, run_sizes
 from exporters.predictor.shapes import Shapes, initializer_bytes
 
 INFERENCE_BATCH = 1  # the inference check runs one sample at a time (edgetrain/inference.py)
 
 
-def side_graph_plan(side: str, batch: int, graph_level: int = OPTIMIZATION_LEVEL) -> StepPlan:
-    """The plan of one run of the graph at `side` in a session without a memory pattern
-    (ORT's optimisation at `graph_level`: side graphs open at the default)."""
-    return plan_step(side, batch, hoist_shapes=True, memory_reuse=True, memory_pattern=False,
-                     graph_level=graph_level)
-
-
-def inference_plan(model: str) -> StepPlan:
-    """The inference check's run of `model` (inferencegraph.inference_model): unoptimised, one
-    sample."""
-    return side_graph_plan(model, INFERENCE_BATCH, graph_level=0)
-
-
 @dataclass(frozen=True)
-class InferenceCheck:
-    model: str  # the inference model's path (inferencegraph.inference_model)
-    shapes: Shapes | None  # its tensors' shapes at one sample, where known
-    bound: frozenset[str]  # initializers the runtime binds to the checkpoint's buffers
+class Run:
+    """One session run the cycle replays: the graph's path, its plan, its tensors' shapes at
+    the run's batch (scratch.run_sizes) and the initializers bound to the checkpoint's
+    buffers (they take no arena space)."""
+    path: str
+    plan: StepPlan
+    sizes: Shapes
+    bound: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, path: str, plan: StepPlan, known: Shapes | None = None,
+           bound: frozenset[str] = frozenset()) -> "Run":
+        return cls(path, plan, run_sizes(path, plan, plan.batch, known), bound)
 
 
-def cycle_activation_bytes(train: str, train_plan: StepPlan, eval_model: str, batch: int,
-                           threads: int, known: Shapes | None, state_chunks: list[int],
-                           side: str | None, inference: InferenceCheck | None) -> int:
+def side_run(side: str, batch: int, graph_level: int = OPTIMIZATION_LEVEL,
+             known: Shapes | None = None, bound: frozenset[str] = frozenset()) -> Run:
+    """A run of the graph at `side` in a session without a memory pattern (ORT's
+    optimisation at `graph_level`: side graphs open at the default, the inference check
+    unoptimised)."""
+    return Run.of(side, plan_step(side, batch, hoist_shapes=True, memory_reuse=True,
+                                  memory_pattern=False, graph_level=graph_level), known, bound)
+
+
+def inference_run(model: str, known: Shapes | None, bound: frozenset[str]) -> Run:
+    """The inference check's run of `model` (inferencegraph.inference_model): unoptimised, one
+    sample, the checkpoint's tensors `bound` as its weights."""
+    return side_run(model, INFERENCE_BATCH, 0, known, bound)
+
+
+def cycle_activation_bytes(train: Run, eval_pass: Run, threads: int, state_chunks: list[int],
+                           side: Run | None, inference: Run | None) -> int:
     """The arena bytes the cycle holds beyond the training state (`state_chunks`: the bytes
-    of each gradient and moment buffer): the statistics pass of the side graph at `side`
-    (None: no pass), the training step of `train_plan`, an eval pass of `eval_model` at the
-    same batch, and the inference check (None: not modelled)."""
+    of each gradient and moment buffer): the statistics pass `side` (None: no pass), the
+    training step, an eval pass at the same batch, and the inference check (None: not
+    modelled)."""
     arena = RegionArena()
     for k, size in enumerate(state_chunks):
         arena.alloc(f"state{k}", size)
     state_bytes = sum(arena.regions)
     side_constants = []
     if side is not None:
-        side_constants = _open(arena, optimized_graph(side), "side")
-        replay(arena, side, batch, threads, side_graph_plan(side, batch))
-    for path, plan in ((train, train_plan), (eval_model, plan_step(eval_model, batch, known))):
-        arena.alloc("memory pattern", arena_rounded(plan.pattern_bytes))  # one run's block
-        replay(arena, path, batch, threads, plan, known)
+        side_constants = _open(arena, side, "side")
+        replay(arena, side.path, threads, side.plan, side.sizes)
+    for run in (train, eval_pass):
+        arena.alloc("memory pattern", arena_rounded(run.plan.pattern_bytes))  # one run's block
+        replay(arena, run.path, threads, run.plan, run.sizes)
         arena.free("memory pattern")
     if inference is not None:
         for name in [*side_constants, *(f"state{k}" for k in range(len(state_chunks)))]:
             arena.free(name)
-        _open(arena, optimized_graph(inference.model, 0), "inference", inference.bound)
-        replay(arena, inference.model, INFERENCE_BATCH, threads,
-               inference_plan(inference.model), inference.shapes)
+        _open(arena, inference, "inference")
+        replay(arena, inference.path, threads, inference.plan, inference.sizes)
     return sum(arena.regions) - state_bytes
 
 
-def _open(arena: RegionArena, graph, tag: str, bound: frozenset[str] = frozenset()
-          ) -> list[str]:
+def _open(arena: RegionArena, run: Run, tag: str) -> list[str]:
     """A session without a memory pattern allocates each of its graph's constants when it
     opens and keeps them while open; returns their arena names. Graph inputs (weights the
-    runtime feeds) and `bound` initializers (the checkpoint's buffers) take nothing."""
+    runtime feeds) and bound initializers (the checkpoint's buffers) take nothing."""
     taken = []
+    graph = optimized_graph(run.path, run.plan.graph_level)
     for k, init in enumerate(graph.graph.initializer):
-        if init.name not in bound and (size := initializer_bytes(init)):
+        if init.name not in run.bound and (size := initializer_bytes(init)):
             arena.alloc(f"{tag} constant{k}", size)
             taken.append(f"{tag} constant{k}")
     return taken
 
 
-__all__ = ["InferenceCheck", "cycle_activation_bytes", "inference_plan", "side_graph_plan"]
+__all__ = ["Run", "cycle_activation_bytes", "inference_run", "side_run"]

@@ -34,7 +34,12 @@ def inference_model(train: str, eval_model: str, checkpoint: str) -> str:
 def _exported(stamps: tuple) -> str:
     (train, _, _), (eval_model, _, _), (checkpoint, _, _) = stamps
     api = _training_api()
-    module = api.Module(train, api.CheckpointState.load_checkpoint(checkpoint), eval_model)
+    ort = onnxruntime_module()
+    ort.set_default_logger_severity(3)  # ORT warns of every unused constant it drops
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    module = api.Module(train, api.CheckpointState.load_checkpoint(checkpoint), eval_model,
+                        session_options=so)
     out = os.path.join(_FOLDER.name, f"inference-{len(os.listdir(_FOLDER.name))}.onnx")
     module.export_model_for_inferencing(out, [names.LOGITS_NAME])
     return out

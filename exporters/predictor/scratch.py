@@ -36,18 +36,21 @@ def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
     """The arena's growth outside the memory pattern in one step at `batch` with `threads`,
     for the training graph at `path` and its plan (plan_step)."""
     arena = RegionArena()
-    replay(arena, path, batch, threads, plan, known)
+    replay(arena, path, threads, plan, run_sizes(path, plan, batch, known))
     return sum(arena.regions)
 
 
-def replay(arena: "RegionArena", path: str, batch: int, threads: int, plan: StepPlan,
-           known: Shapes | None = None) -> None:
-    """Put one run's run-time allocations (the graph at `path`, its plan) through `arena`, in
-    the plan's execution order; everything they take is free again when the run ends."""
-    model = optimized_graph(path, plan.graph_level)
-    nodes, _ = drop_identities(model)
+def run_sizes(path: str, plan: StepPlan, batch: int, known: Shapes | None = None) -> Shapes:
+    """The shapes a run of the graph at `path` (as `plan` planned it) has at `batch`."""
+    return runtime_shapes(optimized_graph(path, plan.graph_level), batch, known=known)
+
+
+def replay(arena: "RegionArena", path: str, threads: int, plan: StepPlan, sizes: Shapes) -> None:
+    """Put one run's run-time allocations (the graph at `path`, its plan, its run_sizes)
+    through `arena`, in the plan's execution order; everything they take is free again when
+    the run ends."""
+    nodes, _ = drop_identities(optimized_graph(path, plan.graph_level))
     by_name = {n.name: n for n in nodes}
-    shapes = runtime_shapes(model, batch, known=known)
     starts: dict[int, list[tuple[str, int]]] = {}
     ends: dict[str, int] = {}
     for name, size, first, last in plan.dynamic:
@@ -58,7 +61,7 @@ def replay(arena: "RegionArena", path: str, batch: int, threads: int, plan: Step
         for tensor, size in starts.get(t, []):  # a kernel asks for its outputs first
             arena.alloc(tensor, size)
             live.append(tensor)
-        temps = conv_temporaries(by_name[name], shapes, threads)
+        temps = conv_temporaries(by_name[name], sizes, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
         for k in range(len(temps)):

@@ -3,14 +3,17 @@
 One entry point, `predict(...) -> Prediction`. Exact: parameters, gradients, AdamW moments
 (each tensor one 256-byte-rounded arena chunk), the runtime's scalars and what the training
 Module's sessions reserve for their graphs' constants. Simulated, on the graph ORT runs
-(ortgraph.py): activations = the memory-pattern block of the training step (plan.py) plus
-the run-time allocations outside it (scratch.py), for the intra-op thread count the runtime
+(ortgraph.py): activations = what the arena holds beyond the training state after the
+cycle's runs, each planned (plan.py) and replayed with its run-time allocations (scratch.py)
+through one arena (cycle.py): a BatchNorm statistics pass where the run adapts BatchNorm, the
+training step, an eval pass, the inference check; for the intra-op thread count the runtime
 will use (the manifest's plan), never the exporting machine's. Where the order ORT runs
 Shape nodes in changes the peak (attention graphs), both orders are simulated and the
 prediction is the larger, or no claim at all when they differ by more than
 ORDER_SPREAD_RATIO. It models onnxruntime-training 1.19.2's internals and refuses to
 predict for any other version. ORT loads the graphs (to optimise them and read their
-shapes) and runs the eval graph forward at batch 1 and 2 (evaluated.py); nothing trains.
+shapes), runs the eval graph forward at batch 1 and 2 (evaluated.py) and writes the
+inference model the device would (inferencegraph.py); nothing trains.
 """
 from __future__ import annotations
 

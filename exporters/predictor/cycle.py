@@ -63,7 +63,7 @@ def side_run(side: str, batch: int, graph_level: int = OPTIMIZATION_LEVEL,
     """A run of the graph at `side` in a session without a memory pattern (ORT's
     optimisation at `graph_level`: side graphs open at the default, the inference check
     unoptimised)."""
-    return Run.of(side, plan_step(side, batch, hoist_shapes=True, memory_reuse=True,
+    return Run.of(side, plan_step(side, batch, known, hoist_shapes=True, memory_reuse=True,
                                   memory_pattern=False, graph_level=graph_level), known, bound)
 
 

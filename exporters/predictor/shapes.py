@@ -24,7 +24,9 @@ SHAPE_FILL_OPS = {"Relu", "ReluGrad", "Add", "Sub", "Mul", "Div", "Scale", "Sum"
                   "Ceil", "HardSigmoid"} | COMPARE_OPS
 ITEMSIZE = {1: 4, 2: 1, 3: 1, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8}  # float, uint8, int8, int32, int64,
 # bool, fp16, double
-ELEM_OF_ITEMSIZE = {4: 1, 8: 7, 1: 9, 2: 10}  # a type of that size, to declare a tensor's size
+# a type of that size, to declare a tensor's size; 8 bytes is int64 or double, so left to
+# shape inference (0, undefined: a guess that differs from what it infers is an error)
+ELEM_OF_ITEMSIZE = {4: 1, 8: 0, 1: 9, 2: 10}
 
 Shapes = dict[str, tuple[tuple[int, ...], int]]  # name -> (shape, itemsize)
 
@@ -43,15 +45,16 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
     found another way (evaluated.forward_shapes), declared before inference runs."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    if known:  # evaluated shapes replace symbolic declarations
+    if known:  # evaluated shapes replace symbolic declarations, keeping a declared type
         graph_io = {v.name for v in list(m.graph.input) + list(m.graph.output)}
+        declared = {v.name: v.type.tensor_type.elem_type for v in m.graph.value_info}
         keep = [v for v in m.graph.value_info if v.name not in known]
         del m.graph.value_info[:]
         m.graph.value_info.extend(keep)
         for name, (shape, item) in known.items():
             if name not in graph_io:
                 m.graph.value_info.append(onnx.helper.make_tensor_value_info(
-                    name, ELEM_OF_ITEMSIZE.get(item, 1), list(shape)))
+                    name, declared.get(name) or ELEM_OF_ITEMSIZE.get(item, 1), list(shape)))
     batch_params = set()
     for v in m.graph.input:
         dims = v.type.tensor_type.shape.dim
@@ -68,7 +71,8 @@ def tensor_shapes(model: onnx.ModelProto, batch: int, known: Shapes | None = Non
         t = v.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
         if t.HasField("shape") and None not in dims:
-            out[v.name] = (tuple(dims), ITEMSIZE.get(t.elem_type, 4))
+            item = known[v.name][1] if known and v.name in known else ITEMSIZE.get(t.elem_type, 4)
+            out[v.name] = (tuple(dims), item)
     consts = {}
     for init in m.graph.initializer:
         out[init.name] = (tuple(init.dims), ITEMSIZE.get(init.data_type, 4))

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/saved_activations.py            # ~10 min on 2 cores
     .venv/bin/python bench/saved_activations.py --report   # the table from saved results
+    .venv/bin/python bench/saved_activations.py --peaks    # what holds the 8-bit step's bytes
 
 For each network of NETWORKS (population model of held-out user 10, as bench/update_plans.py)
 and each update plan of PLANS, at micro-batch 8 and 2 threads: exported with
@@ -9,6 +10,16 @@ and each update plan of PLANS, at micro-batch 8 and 2 threads: exported with
 selection included). The activations column is the allocator's; "predicted" is the static
 predictor's error on the peak. Results: bench/results/saved_activations.json; the table in
 docs/update-plans.md (block `saved-activations`).
+
+--peaks: for PEAK_ROWS, exported with `--saved-activations int8` at micro-batch 8, what holds
+the step's activation bytes at its fullest moment, from the predictor's plan of the step (a
+prediction, beside the allocator's activations): the 8-bit copies, the floats rebuilt from
+them for backward, the other forward tensors kept, the weights the graph rebuilds each step
+(a trained weight with BatchNorm folded in), backward's gradients in flight, the pattern's
+space never live at once, and the run-time allocations outside the pattern (a weight
+gradient before it is summed, MLAS and ConvGrad buffers). Results:
+bench/results/saved_activations_peaks.json; the table in docs/update-plans.md (block
+`saved-activations-peaks`).
 """
 from __future__ import annotations
 
@@ -23,6 +34,11 @@ NETWORKS = ("imu_cnn", "imu_transformer", "patch_mobilenet")
 PLANS = ("all", "bias", "bias-only")
 BATCHES = (8, 32)
 RESULTS = ROOT / "bench" / "results" / "saved_activations.json"
+PEAK_ROWS = (("imu_cnn", "all"), ("imu_cnn", "bias"), ("patch_mobilenet", "all"),
+             ("patch_mobilenet", "bias"))
+PEAK_PARTS = ("8-bit copies", "floats rebuilt from them", "other forward tensors kept",
+              "weights rebuilt in the graph", "gradients in flight", "pattern never live at once",
+              "run-time allocations")
 DOC = ROOT / "docs" / "update-plans.md"
 
 
@@ -78,7 +94,64 @@ def report() -> None:
     print("\n".join(lines))
 
 
+def peak_parts(art: Path, batch: int) -> dict:
+    """PEAK_PARTS of the step's activations at its fullest moment (the predictor's plan)."""
+    from edgetrain import names
+    from exporters.graph import is_backward
+    from exporters.predictor import claimed_plan
+    from exporters.predictor.ortgraph import node_arg_shapes, optimized_graph
+
+    train, evalm = str(art / "training_model.onnx"), str(art / "eval_model.onnx")
+    plan, acts = claimed_plan(train, evalm, batch, 2)
+    graph = optimized_graph(train)
+    backward = {o for n in graph.graph.node if is_backward(n) for o in n.output}
+    dims = node_arg_shapes(graph)
+    parts = dict.fromkeys(PEAK_PARTS, 0)
+    for tensor, size in plan.peak_buffers:
+        first = (dims.get(tensor, (None, 0))[0] or (None,))[0]
+        # the pass's PassThrough aliases name the buffer they alias (int8saved.py): `_gate`
+        # a gradient, `_ready`/`_reader`/`_after` a float forward tensor, the rest the copy
+        alias = names.SAVED_INT8_SUFFIX in tensor and tensor.rsplit("_", 1)[-1]
+        part = ("floats rebuilt from them" if alias == "dequantized" else
+                "gradients in flight" if alias == "gate" else
+                "other forward tensors kept" if alias in ("ready", "reader", "after") else
+                "8-bit copies" if alias else
+                "gradients in flight" if tensor in backward else
+                "other forward tensors kept" if isinstance(first, str) else
+                "weights rebuilt in the graph")
+        parts[part] += size
+    parts["pattern never live at once"] = plan.pattern_bytes - plan.live_peak_bytes
+    parts["run-time allocations"] = acts - plan.pattern_bytes
+    return parts
+
+
+def peaks() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, update in PEAK_ROWS:
+            row = measure(Path(tmp), model, update, "int8", 8)
+            row["parts"] = peak_parts(Path(tmp) / f"{model}-{update}-int8-8", 8)
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("model", "update", "parts")}), flush=True)
+    where = stamp()
+    save_results("saved_activations_peaks", [{**where, "rows": rows}])
+    lines = [f"Measured at commit `{where['commit']}`, {where['date']}, {where['machine']}; "
+             "`bench/saved_activations.py --peaks` (micro-batch 8, 2 threads; the parts are "
+             "the predictor's plan of the step at its fullest moment, a prediction).", "",
+             "| network | plan | " + " | ".join(PEAK_PARTS) + " | predicted step | measured "
+             "activations (cycle) |", "|---|---|" + "---:|" * (len(PEAK_PARTS) + 2)]
+    for r in rows:
+        p = r["parts"]
+        lines.append(f"| {r['model']} | `{r['update']}` | "
+                     + " | ".join(f"{p[k]:,}" for k in PEAK_PARTS)
+                     + f" | {sum(p.values()):,} | {r['breakdown']['activations']:,} |")
+    replace_table(DOC, lines, "saved-activations-peaks")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--report", action="store_true")
-    report() if ap.parse_args().report else main()
+    ap.add_argument("--peaks", action="store_true")
+    args = ap.parse_args()
+    report() if args.report else peaks() if args.peaks else main()

@@ -128,7 +128,8 @@ def build_artifact(out: Path, model: torch.nn.Module, example_input: torch.Tenso
                   state_names=frozenset(trainable + frozen), int8=bool(int8),
                   planning_budget_bytes=planning_budget_bytes,
                   predictor=lambda folder: predict(folder, trainable_specs, frozen_specs,
-                                                   plan.micro_batch, FILES, plan.threads))
+                                                   plan.micro_batch, FILES, plan.threads,
+                                                   step_only=True))
     graphs = Graphs(forward=fwd)
     changed = run_passes(FORWARD_PASSES, graphs, ctx)
     build_training_graphs(out, graphs.forward, trainable, frozen, artifacts)

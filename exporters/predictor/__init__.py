@@ -45,14 +45,16 @@ ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ
 # allocator on the seed networks (dense and sparse) and the layer families of
 # tests/wearable_models.py: convolutions, norms, pooling, activations, attention (MatMul,
 # Softmax, Transpose, Gather), embeddings; and the unoptimised ops of the inference check's
-# model (Erf: GELU before ORT fuses it). A cycle with any other operator (recurrent cells,
+# model (Erf: GELU before ORT fuses it; ConstantOfShape, Equal, Where: a sparse weight's
+# build before ORT folds it). A cycle with any other operator (recurrent cells,
 # TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalization", "BatchNormalizationGrad",
     "BroadcastGradientArgs",
-    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "Conv", "ConvGrad", "ConvTranspose",
+    "Cast", "Ceil", "Clip", "Concat", "ConcatTraining", "ConstantOfShape", "Conv", "ConvGrad",
+    "ConvTranspose",
     "DequantizeLinear", "DynamicQuantizeLinear",
-    "Div", "Dropout", "DropoutGrad",
+    "Div", "Dropout", "DropoutGrad", "Equal",
     "Erf", "Exp", "Expand", "Flatten", "FusedConv", "FusedMatMul", "Gather", "GatherElements", "GatherGrad",
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
     "Identity",
@@ -68,7 +70,7 @@ MODELLED_OPS = frozenset({
     "SoftmaxCrossEntropyLossGrad",
     "SoftmaxGrad_13",
     "Split", "SplitTraining", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "TanhGrad", "Transpose",
-    "Unsqueeze"})
+    "Unsqueeze", "Where"})
 
 
 class UnsupportedRuntimeError(ValueError):
@@ -182,13 +184,16 @@ def claimed_plan(train: str, eval_model: str, batch: int, threads: int
 
 
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
-            threads: int, batchnorm_role: str | None = None) -> Prediction:
+            threads: int, batchnorm_role: str | None = None, step_only: bool = False
+            ) -> Prediction:
     """Predicted peak of the training cycle at `batch` for the artifact in `folder`.
 
     trainable, frozen: TensorSpecs of the checkpoint; files: role -> file name;
     threads: the runtime's intra-op thread count (the manifest's plan.threads);
     batchnorm_role: the side graph of a BatchNorm statistics pass the cycle runs before its
-    first step (Manifest.batchnorm_pass_role), None for a cycle without one."""
+    first step (Manifest.batchnorm_pass_role), None for a cycle without one. step_only: the
+    training step's activations alone, as export passes judge a rewrite by the step it
+    changes (the rest of the cycle can hide a change to the step)."""
     version = check_ort_version()
     if threads < 1:
         raise ValueError(f"threads must be a positive number, got {threads}")
@@ -196,25 +201,16 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     tensors = list(trainable) + list(frozen)
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
-    eval_path = str(folder / files[names.EVAL_MODEL])
-    known = known_shapes(eval_path, batch)
+    known = known_shapes(str(folder / files[names.EVAL_MODEL]), batch)
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:
-        side = None if batchnorm_role is None else str(folder / files[batchnorm_role])
-        plans = [p for p, _ in activation_plans(train, batch, threads, known)]
-        chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
-        eval_pass = Run.of(eval_path, plan_step(eval_path, batch, known), known)
-        inference = inference_run(
-            inference_model(train, eval_path, str(folder / files[names.CHECKPOINT])),
-            known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
-        side_pass = None if side is None else side_run(side, batch)
-        acts = [cycle_activation_bytes(Run.of(train, p, known), eval_pass, threads, chunks,
-                                       side_pass, inference) for p in plans]
-        graphs = [optimized_graph(train), optimized_graph(inference.path, 0),
-                  *([optimized_graph(side)] if side else [])]
-        unsized = (plans[0].unsized + inference.plan.unsized
-                   + (side_pass.plan.unsized if side_pass else ()))
+        pairs = activation_plans(train, batch, threads, known)
+        acts, graphs, unsized = [a for _, a in pairs], [optimized_graph(train)], pairs[0][0].unsized
+        if not step_only:
+            acts, more, more_unsized = _cycle(folder, files, [p for p, _ in pairs], trainable,
+                                              tensors, batch, threads, known, batchnorm_role)
+            graphs, unsized = graphs + more, unsized + more_unsized
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
     except Exception as e:  # noqa: BLE001 - a graph ORT will not load for analysis: no claim
@@ -235,6 +231,25 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
                       unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)),
                       activations_range_bytes=(min(acts), max(acts)),
                       batchnorm_pass=batchnorm_role or "")
+
+
+def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable, tensors,
+           batch: int, threads: int, known: Shapes | None, batchnorm_role: str | None):
+    """Each step plan's activations over the whole cycle (cycle.py), with the other graphs
+    the cycle runs and the tensors of theirs that could not be sized."""
+    train, eval_path = (str(folder / files[r]) for r in (names.TRAINING_MODEL, names.EVAL_MODEL))
+    chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
+    eval_pass = Run.of(eval_path, plan_step(eval_path, batch, known), known)
+    inference = inference_run(
+        inference_model(train, eval_path, str(folder / files[names.CHECKPOINT])),
+        known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
+    side = (None if batchnorm_role is None else
+            side_run(str(folder / files[batchnorm_role]), batch))
+    acts = [cycle_activation_bytes(Run.of(train, p, known), eval_pass, threads, chunks, side,
+                                   inference) for p in plans]
+    runs = [inference] + ([side] if side else [])
+    return (acts, [optimized_graph(r.path, r.plan.graph_level) for r in runs],
+            tuple(u for r in runs for u in r.plan.unsized))
 
 
 def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None,

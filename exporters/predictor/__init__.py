@@ -30,7 +30,7 @@ from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
 from exporters.predictor.shapes import Shapes
-from exporters.predictor.scratch import scratch_bytes
+from exporters.predictor.scratch import run_sizes, scratch_bytes
 
 SUPPORTED_ORT_VERSION = "1.19.2"
 ORT_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime")
@@ -247,7 +247,8 @@ def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable
         known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
     side = (None if batchnorm_role is None else
             side_run(str(folder / files[batchnorm_role]), batch))
-    acts = [cycle_activation_bytes(Run.of(train, p, known), eval_pass, threads, chunks, side,
+    sizes = run_sizes(train, plans[0], batch, known)  # the same graph in both orders
+    acts = [cycle_activation_bytes(Run(train, p, sizes), eval_pass, threads, chunks, side,
                                    inference) for p in plans]
     runs = [inference] + ([side] if side else [])
     return (acts, [optimized_graph(r.path, r.plan.graph_level) for r in runs],

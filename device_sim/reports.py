@@ -106,20 +106,24 @@ def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
             return measure(artifact, b, budget_bytes, manifest.plan.accumulation_steps,
                            steps=steps, adapt=adapt)
         except BudgetError as e:  # the error fit reports says what that batch needs
-            raise with_predicted_need(e, artifact, b) from e
+            raise with_predicted_need(e, artifact, b, adapt=adapt) from e
 
     return largest_batch(predicted_peak, confirmed, budget_bytes)
 
 
 def with_predicted_need(err: BudgetError, artifact: str | Path, micro_batch: int | None,
-                        threads: int | None = None) -> BudgetError:
+                        threads: int | None = None, adapt: str = "none") -> BudgetError:
     """A budget error with the failing step's predicted need, when the message lacks it (the
-    manifest predicts the plan's micro-batch only). The prediction is extra: an artifact it
-    cannot read leaves the error as it was, since that error is what the user must see."""
+    manifest predicts the plan's micro-batch only), for the cycle of personalise --adapt
+    `adapt`. The prediction is extra: an artifact it cannot read leaves the error as it was,
+    since that error is what the user must see."""
     if err.predicted or micro_batch is None:
         return err
     try:
-        pred = predict_manifest(artifact, load_manifest(artifact), micro_batch, threads)
+        m = load_manifest(artifact)
+        pred = predict_manifest(artifact, m, micro_batch, threads,
+                                batchnorm_stats=replays_batchnorm(m, adapt),
+                                batchnorm_group=m.plan.accumulation_steps)
     except Exception:  # noqa: BLE001 - any failure here must not hide the budget error
         return err
     return with_prediction(err, {"batch": micro_batch, "peak_bytes": pred.peak_bytes,

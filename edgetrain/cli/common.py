@@ -143,16 +143,17 @@ def exit_on_device_errors():
 
 @contextlib.contextmanager
 def budget_advice(artifact, micro_batch: int | None = None, threads: int | None = None,
-                  batch_option: str = "--micro-batch"):
+                  batch_option: str = "--micro-batch", adapt: str = "none"):
     """A budget error gets the failing step's predicted need (the manifest predicts the
-    plan's micro-batch only) and names this command's batch option."""
+    plan's micro-batch only; `adapt` as personalise --adapt: with the BatchNorm statistics
+    pass, where it runs) and names this command's batch option."""
     try:
         yield
     except BudgetError as e:
         from device_sim.reports import with_predicted_need  # host side: reads the graphs
 
         told = with_predicted_need(e, artifact, e.micro_batch or micro_batch,
-                                   e.threads or threads)
+                                   e.threads or threads, adapt)
         raise BudgetError(str(told).replace("--micro-batch", batch_option), told.budget_bytes,
                           told.needed_bytes, told.micro_batch, told.threads,
                           told.predicted) from e

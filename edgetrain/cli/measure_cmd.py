@@ -57,7 +57,7 @@ def measure(artifact, batch, device, budget, accumulate, steps, threads, plot_di
     from device_sim.reports import measure_report  # host side: reads the graphs with onnx
 
     device, budget_bytes = resolve_budget(device, budget)
-    with exit_on_device_errors(), budget_advice(artifact, batch, threads, "--batch"):
+    with exit_on_device_errors(), budget_advice(artifact, batch, threads, "--batch", adapt):
         check_target(artifact, device)
         doc = measure_report(artifact, batch, device=device, budget_bytes=budget_bytes,
                              accumulate=accumulate, steps=steps, threads=threads,

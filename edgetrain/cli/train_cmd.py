@@ -128,7 +128,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "personalisation")
     fixed_address_layout()
-    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
+    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads, adapt=(
+            "bn" if labels_per_class == 0 else adapt)):
         if trust:  # before any other part of the artifact is read
             signing.verify(artifact, trust)
         check_target(artifact, device)
@@ -264,7 +265,7 @@ def reset_bn(artifact, user, dataset, protocol, data_file, test_file, device, bu
 
     device, budget_bytes = user_run_budget(user, data_file, device, budget, "RESET")
     fixed_address_layout()
-    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads):
+    with exit_on_device_errors(), budget_advice(artifact, micro_batch, threads, adapt="bn"):
         if trust:  # before any other part of the artifact is read
             signing.verify(artifact, trust)
         check_target(artifact, device)

@@ -11,7 +11,8 @@ selection included). The activations column is the allocator's; "predicted" is t
 predictor's error on the peak. Results: bench/results/saved_activations.json; the table in
 docs/update-plans.md (block `saved-activations`).
 
---peaks: for PEAK_ROWS, exported with `--saved-activations int8` at micro-batch 8, what holds
+--peaks: for PEAK_ROWS, exported untrained with `--saved-activations int8` at micro-batch 8
+(the weights' values change no byte), what holds
 the step's activation bytes at its fullest moment, from the predictor's plan of the step (a
 prediction, beside the allocator's activations): the 8-bit copies, the floats rebuilt from
 them for backward, the other forward tensors kept, the weights the graph rebuilds each step
@@ -42,11 +43,11 @@ PEAK_PARTS = ("8-bit copies", "floats rebuilt from them", "other forward tensors
 DOC = ROOT / "docs" / "update-plans.md"
 
 
-def measure(tmp: Path, model: str, update: str, saved: str, batch: int) -> dict:
+def measure(tmp: Path, model: str, update: str, saved: str, batch: int, *extra: str) -> dict:
     out = tmp / f"{model}-{update}-{saved}-{batch}"
     m = json.loads(run("export", "--model", model, "--update", update, "--micro-batch",
                        str(batch), "--threads", "2", "--saved-activations", saved, "--out",
-                       str(out), "--json"))
+                       str(out), *extra, "--json"))
     meas = json.loads(run("measure", str(out), "--batch", str(batch), "--threads", "2",
                           "--json"))
     return {"model": model, "update": update, "saved_activations": saved, "batch": batch,
@@ -129,7 +130,8 @@ def peaks() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model, update in PEAK_ROWS:
-            row = measure(Path(tmp), model, update, "int8", 8)
+            row = measure(Path(tmp), model, update, "int8", 8, "--epochs", "0")  # untrained:
+            # the weights' values change no byte
             row["parts"] = peak_parts(Path(tmp) / f"{model}-{update}-int8-8", 8)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("model", "update", "parts")}), flush=True)

@@ -1,6 +1,7 @@
 """Static predictor vs the runtime's allocator: the built-in networks and the layer families.
 
-    .venv/bin/python bench/predictor.py            # about 20 minutes on 2 cores
+    .venv/bin/python bench/predictor.py              # about 50 minutes on 2 cores
+    .venv/bin/python bench/predictor.py --batchnorm  # the statistics-pass table alone
 
 Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not change memory)
 at batch 1, 8, 32; the stack's sparse + recompute rows at their micro-batch (STACK_ROWS,
@@ -10,8 +11,8 @@ pass first (`measure --adapt bn`): each network with BatchNorm at batch 8 in ste
 micro-batches (the moments graph then), with `--batchnorm-adapt exact`, and each device
 tier's shipped plan as personalise runs it (`--adapt auto` at its micro-batch and
 accumulation). Each is measured with `edgetrain measure --json` (a fresh torch-free process
-per case). Writes bench/results/predictor.json and the tables in docs/predictor.md (markers
-`table`, `stack`, `families`, `batchnorm`).
+per case). Writes bench/results/predictor.json (predictor_batchnorm.json for the last) and the
+tables in docs/predictor.md (markers `table`, `stack`, `families`, `batchnorm`).
 """
 from __future__ import annotations
 
@@ -69,21 +70,27 @@ def family_artifacts(tmp: Path):
             yield name, art, batch
 
 
-def main() -> None:
-    rows = []
+def main(only_batchnorm: bool = False) -> None:
+    rows, stack, families = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for net in NETWORKS:
             art = Path(tmp) / net
+            if only_batchnorm and net not in BATCHNORM_NETWORKS:
+                continue
             run("export", "--model", net, "--epochs", "0", "--no-cache", "--out", str(art))
-            rows += [measured_row(net, art, b) for b in BATCHES]
-        stack = [measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
-                 for c, art in stack_artifacts(Path(tmp))]
-        families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
+            rows += [] if only_batchnorm else [measured_row(net, art, b) for b in BATCHES]
+        if not only_batchnorm:
+            stack = [measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
+                     for c, art in stack_artifacts(Path(tmp))]
+            families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
         batchnorm = list(batchnorm_rows(Path(tmp)))
     where = stamp()
-    save_results("predictor", [{**r, **where} for r in rows + stack + families + batchnorm])
-    for part, marker in ((rows, "table"), (stack, "stack"), (families, "families"),
-                         (batchnorm, "batchnorm")):
+    save_results("predictor_batchnorm", [{**r, **where} for r in batchnorm])
+    write_table(batchnorm, "batchnorm", where)
+    if only_batchnorm:
+        return
+    save_results("predictor", [{**r, **where} for r in rows + stack + families])
+    for part, marker in ((rows, "table"), (stack, "stack"), (families, "families")):
         write_table(part, marker, where)
 
 
@@ -130,4 +137,4 @@ def write_table(rows: list[dict], marker: str, where: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(only_batchnorm="--batchnorm" in sys.argv[1:])

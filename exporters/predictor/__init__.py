@@ -245,8 +245,9 @@ def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable
     inference = inference_run(
         inference_model(train, eval_path, str(folder / files[names.CHECKPOINT])),
         known_shapes(eval_path, INFERENCE_BATCH), frozenset(t.name for t in tensors))
-    side = (None if batchnorm_role is None else
-            side_run(str(folder / files[batchnorm_role]), batch))
+    side_path = None if batchnorm_role is None else str(folder / files[batchnorm_role])
+    side = None if side_path is None else side_run(side_path, batch,
+                                                  known=known_shapes(side_path, batch))
     sizes = run_sizes(train, plans[0], batch, known)  # the same graph in both orders
     acts = [cycle_activation_bytes(Run(train, p, sizes), eval_pass, threads, chunks, side,
                                    inference) for p in plans]

@@ -139,15 +139,21 @@ _PARTIAL_GRAD = re.compile(r"(.+)_grad_\d+")
 
 def _nchwc_shape(node, out: Shapes) -> tuple[int, ...] | None:
     """The logical [N, C, H, W] output of ORT's NCHWc ops (exporters/passes/nchwc.py writes them for
-    channel counts every block divides, so ReorderInput keeps its input's shape)."""
+    channel counts every block divides, so ReorderInput keeps its input's shape; ORT's own
+    NCHWc transformer also converts the pools of a side graph)."""
     x = out[node.input[0]][0]
     if node.op_type == "ReorderInput":
         return x
     if node.op_type == "ReorderOutput":
         return (x[0], int(_attr(node, "channels", x[1]))) + tuple(x[2:])
-    if node.op_type != "Conv" or node.input[1] not in out:
+    if node.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+        return (x[0], x[1]) + (1,) * (len(x) - 2)
+    if node.op_type in ("MaxPool", "AveragePool") and not _attr(node, "ceil_mode", 0):
+        w = (x[1], x[1], *_attr(node, "kernel_shape", []))  # a pool keeps its channels
+    elif node.op_type == "Conv" and node.input[1] in out:
+        w = out[node.input[1]][0]
+    else:
         return None
-    w = out[node.input[1]][0]
     kernel = _attr(node, "kernel_shape", list(w[2:]))
     rank = len(kernel)
     strides = _attr(node, "strides", [1] * rank)

@@ -116,6 +116,12 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
     return result
 
 
+def replays_batchnorm(manifest, adapt: str) -> bool:
+    """Whether a cycle replaying personalise --adapt `adapt` runs a BatchNorm statistics pass
+    (auto: where the artifact has a statistics graph)."""
+    return adapt == "bn" or (adapt == "auto" and manifest.batchnorm_adapt_role is not None)
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM), in bytes."""
     with open("/proc/self/status") as f:
@@ -156,7 +162,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, *m.input.sample_shape)).astype(np.float32)
         y = rng.integers(0, m.num_classes, batch)
-        stats = adapt == "bn" or adapt == "auto" and m.batchnorm_adapt_role is not None
+        stats = replays_batchnorm(m, adapt)
         mark("preflight")
         rt.preflight(batchnorm_stats=stats, batchnorm_group=accumulation)
         mark("eval")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from device_sim.measure import measure
+from device_sim.measure import measure, replays_batchnorm
 from device_sim.profiles import get_profile
 from device_sim.scenario import FitResult, largest_batch
 from edgetrain import names
@@ -80,11 +80,6 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
                         str(write_graph_svg(train, batch, out, parts=parts, **shown))]
         doc["activation_parts"] = parts.rows()
     return doc
-
-
-def replays_batchnorm(manifest, adapt: str) -> bool:
-    """Whether a cycle replaying personalise --adapt `adapt` runs a BatchNorm statistics pass."""
-    return adapt == "bn" or (adapt == "auto" and manifest.batchnorm_adapt_role is not None)
 
 
 def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,

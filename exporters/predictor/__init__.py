@@ -25,8 +25,8 @@ from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from exporters.predictor.cycle import (INFERENCE_BATCH, Run, cycle_activation_bytes, inference_run,
                                        side_run)
-from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.evaluated import forward_shapes
+from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
 from exporters.predictor.shapes import Shapes
@@ -171,7 +171,7 @@ def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
                      ) -> list[tuple[StepPlan, int]]:
     """The step's plan in both orders of Shape nodes, each with its activation bytes: the
     memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
-    prediction claims the larger (of the whole cycle's, cycle.py)."""
+    prediction claims the larger (of the step alone, or of the whole cycle: predict)."""
     plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
     return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
             for p in plans]

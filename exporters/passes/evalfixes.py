@@ -68,9 +68,8 @@ def order_eval_weight_builds(m: onnx.ModelProto) -> int:
     cut the 8-bit patch MobileNet's measured peak at micro-batch 2 from 1,011,456 to
     983,040 bytes (imu_cnn's, set by its eval pass, did not move). A zero tied to the
     layer's input X, Cast(Shape(X)[0:1]) * 0 (a shape is always finite, so it is exactly 0),
-    becomes the scalar the zeros are expanded
-    from, or is added to the 8-bit weight's scales; the weight can then be built only once X
-    exists, just before it is read. In place; returns how many weights were tied."""
+    becomes the scalar the zeros are expanded from, or is added to the 8-bit weight's
+    scales; the weight can then be built only once X exists, just before it is read. In place; returns how many weights were tied."""
     g = m.graph
     producer = {o: n for n in g.node for o in n.output if o}
     readers: dict[str, list] = {}

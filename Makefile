@@ -27,7 +27,7 @@ UPDATE ?= all
 # and UPDATE.
 SHIPPED := $(and $(filter hapt,$(DATASET)),$(filter file,$(origin MODEL)),$(filter file,$(origin UPDATE)))
 
-.PHONY: setup venv-check demo test test-slow check-readme bench clean
+.PHONY: setup venv-check demo test test-slow check-readme results bench clean
 
 setup: venv-check $(VENV)/.installed
 
@@ -87,6 +87,12 @@ test: setup
 # plan searches, the seed networks' gradients); CI runs it after `make test` (.ci/run).
 test-slow: setup
 	$(PY) -m pytest -m slow
+
+# Every benchmark in a fixed order, then every table of docs/ rebuilt from bench/results/
+# (bench/all.py: resumable, stamps each result with its commit; `bench/all.py --list` shows
+# the steps and their times; ARGS=--full adds the heavy optional steps).
+results: setup
+	$(PY) bench/all.py $(ARGS)
 
 # every command block of README.md and docs/quickstart.md, run in a fresh clone with the
 # README's quick settings (part of `make test-slow`)

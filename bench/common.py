@@ -1,5 +1,8 @@
 """What the benchmarks share: the repository root, the `edgetrain` CLI run as a user runs it,
-results written as JSON under bench/results/, and tables replaced between markers in docs/.
+results written as JSON under bench/results/ (each file stamped with the commit, the date, the
+machine and the command that measured it), and tables replaced between markers in docs/, each
+under a line saying where its rows were measured (and refusing rows of several commits unless
+the table says why).
 """
 from __future__ import annotations
 
@@ -23,15 +26,91 @@ def run(*args: str) -> str:
     return p.stdout
 
 
-def save_results(name: str, rows: list[dict]) -> None:
-    """Write rows to bench/results/<name>.json."""
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
+RESULTS = ROOT / "bench" / "results"
+FORMAT = 1  # of the stamped files save_results writes; a bare list or dict is an older file
 
 
-def replace_table(doc: Path, lines: list[str], name: str = "table") -> None:
-    """Put `lines` between the markers <!-- name --> and <!-- /name --> in `doc`."""
+def command_line() -> str:
+    """The command this process was started with, as a user would type it from the root."""
+    script = Path(sys.argv[0])
+    name = script.relative_to(ROOT) if script.is_absolute() and ROOT in script.parents else script
+    return " ".join([".venv/bin/python", str(name), *sys.argv[1:]])
+
+
+def save_results(name: str, rows: list[dict] | dict) -> None:
+    """Write rows to bench/results/<name>.json under this run's stamp and command."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, "stamp": {**stamp(), "command": command_line()}, "results": rows}
+    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=2))
+
+
+def load_results(name: str, default=None):
+    """The rows bench/results/<name>.json holds (its stamp set aside), or `default` when the
+    file does not exist."""
+    doc = read_stamped(name)
+    return default if doc is None else doc["results"]
+
+
+def read_stamped(name: str) -> dict | None:
+    """bench/results/<name>.json as {"stamp": ..., "results": ...}; a file from before the
+    stamp has the stamp {}."""
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if isinstance(doc, dict) and doc.get("format") == FORMAT:
+        return doc
+    return {"stamp": {}, "results": doc}
+
+
+def row_stamps(doc: dict) -> list[dict]:
+    """Where each row of a stamped file was measured: the row's own commit, date and machine
+    where it carries a commit (rows of a run continued at another commit, or a report's rows
+    from runs of other days), else the file's."""
+    rows = doc["results"]
+    if isinstance(rows, dict):
+        rows = list(rows.values())
+    keys = ("commit", "date", "machine")
+    base = {k: doc["stamp"].get(k) for k in keys}
+    out = []
+    for r in rows if isinstance(rows, list) else []:
+        own = isinstance(r, dict) and r.get("commit")
+        out.append({k: r.get(k) for k in keys} if own else base)
+    return out or [base]
+
+
+def measured_at(names: list[str], why_mixed: str | None = None) -> str:
+    """The line a table carries: "Measured at commit `c`, date, machine; `command`." for the
+    result files `names`. Rows of more than one commit are refused (SystemExit naming them)
+    unless `why_mixed` says why the table shows them together; then every commit is listed
+    with that reason."""
+    docs = {n: read_stamped(n) for n in names}
+    missing = [n for n, d in docs.items() if d is None]
+    if missing:
+        raise SystemExit(f"no results for {', '.join(missing)} under {RESULTS}: run the bench "
+                         "first (bench/all.py --list names the one that writes each)")
+    stamps = [s for d in docs.values() for s in row_stamps(d)]
+    commits = sorted({s["commit"] or "not recorded" for s in stamps})
+    if len(commits) > 1 and why_mixed is None:
+        raise SystemExit(f"{', '.join(names)}: rows measured at {len(commits)} commits "
+                         f"({', '.join(commits)}); re-run the bench at one commit, or give the "
+                         "table a reason to show them together")
+    where = "; ".join(sorted({f"{s['date']}, {s['machine']}" for s in stamps if s['date']}))
+    commands = [d["stamp"]["command"] for d in docs.values() if d["stamp"].get("command")]
+    head = (f"commit `{commits[0]}`" if len(commits) == 1 else
+            f"commits {', '.join(f'`{c}`' for c in commits)} ({why_mixed})")
+    if commits == ["not recorded"]:
+        head = "a commit not recorded"
+    tail = f"; `{'`, `'.join(commands)}`" if commands else ""
+    return f"Measured at {head}{', ' + where if where else ''}{tail}."
+
+
+def replace_table(doc: Path, lines: list[str], name: str = "table",
+                  sources: list[str] | None = None, why_mixed: str | None = None) -> None:
+    """Put `lines` between the markers <!-- name --> and <!-- /name --> in `doc`, under the
+    measured_at line of the result files `sources` when given."""
+    if sources:
+        lines = [measured_at(sources, why_mixed), "", *lines]
     text = doc.read_text()
     start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     if start not in text or end not in text:
@@ -54,12 +133,44 @@ def step_table(rows: list[dict], first: str, second: str, heads: tuple[str, str,
     return lines
 
 
+def code_commit() -> str:
+    """The commit a result measures: the last one that changed anything outside docs/ and
+    bench/results/ (committing results does not change it), with "+changes" when the working
+    tree's code differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              cwd=ROOT).stdout.strip()
+    scope = ["--", ".", ":!docs", ":!bench/results"]
+    commit = git("log", "-1", "--format=%h", *scope)
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no", *scope)
+                     else "")
+
+
 def stamp() -> dict:
-    """Where a result was measured: the commit, the date and the machine."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
+    """Where a result was measured: the commit (code_commit), the date and the machine."""
+    commit = code_commit()
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return {"commit": commit, "date": datetime.date.today().isoformat(),
             "machine": f"{cpu}, {os.cpu_count()} cores"}
+
+
+def measure_or_report(name: str, measure, report, description: str | None = None) -> None:
+    """A bench's command line: measure (`measure()` returns the rows), save them to
+    bench/results/<name>.json and write the tables (`report(rows)`); with --report, only the
+    tables, from the saved file."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--report", action="store_true",
+                    help=f"only rebuild the tables from bench/results/{name}.json")
+    if ap.parse_args().report:
+        rows = load_results(name)
+        if rows is None:
+            raise SystemExit(f"no bench/results/{name}.json: run the bench without --report "
+                             "first")
+    else:
+        rows = measure()
+        save_results(name, rows)
+    report(rows)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 
 DOC = ROOT / "docs" / "results.md"
 BLOCKS = 4
@@ -79,7 +79,7 @@ def export(out: Path, args: list[str], share: str | None) -> dict:
     return json.loads(p.stdout)
 
 
-def main() -> None:
+def measure() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for row, args, n in CASES:
@@ -101,7 +101,10 @@ def main() -> None:
                 r.update(call_s=statistics.median(t), blocks_s=t)
             rows.append({"row": row, "export": args, "variants": found})
             print(json.dumps(rows[-1]), flush=True)
-    save_results("convbn", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = ["| row | folded | layers folded | call (median block) | vs none | measured peak | "
              "predicted |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -110,8 +113,8 @@ def main() -> None:
             lines.append(f"| {r['row']} | {variant} | {v['folded']} | {v['call_s'] * 1e3:.1f} ms | "
                          f"{v['call_s'] / base - 1:+.1%} | {v['peak_bytes']:,} | "
                          f"{v['predicted_peak_bytes'] / v['peak_bytes'] - 1:+.1%} |")
-    replace_table(DOC, lines, "convbn")
+    replace_table(DOC, lines, "convbn", sources=["convbn"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("convbn", measure, report, __doc__.splitlines()[0])

@@ -17,14 +17,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 
 DENSITY, DEVICE, USER, EPOCHS, SEEDS = 0.1, "watchos-extension", 10, 3, (0, 1, 2)
 RUNS = {"dense": (1.0, None), "static": (DENSITY, None), "set": (DENSITY, "set"),
         "rigl": (DENSITY, "rigl")}
 
 
-def main() -> None:
+def measure() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         arts = {}
@@ -47,7 +47,10 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("run", "seed", "accuracy_before",
                                                       "accuracy_after", "train_time_s",
                                                       "mask_updates")}), flush=True)
-    save_results("dst", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = ["| run | density | measured step peak | accuracy before | accuracy after "
              "(mean ± sd, 3 seeds) | per seed | mask updates | train time |",
              "|---|---:|---:|---:|---:|---|---:|---:|"]
@@ -59,8 +62,8 @@ def main() -> None:
             f"{rs[0]['accuracy_before']:.3f} | {statistics.mean(after):.3f} ± "
             f"{statistics.stdev(after):.3f} | {', '.join(f'{a:.3f}' for a in after)} | "
             f"{rs[0]['mask_updates']} | {statistics.mean(r['train_time_s'] for r in rs):.0f} s |")
-    replace_table(ROOT / "docs" / "sparse.md", lines, "dst-table")
+    replace_table(ROOT / "docs" / "sparse.md", lines, "dst-table", sources=["dst"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("dst", measure, report, __doc__.splitlines()[0])

@@ -26,11 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, save_results, stamp
+from common import ROOT, load_results, replace_table, save_results, stamp
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
 
-RESULTS = ROOT / "bench" / "results" / "eager_race.json"
 TARGETS = ("portable", "host")
 TARGET_WORDS = {"portable": "portable (a watch)", "host": "host (NCHWc, this machine)"}
 DOC = ROOT / "docs" / "results.md"
@@ -111,9 +110,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the table")
     args = ap.parse_args()
-    rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    rows = load_results("eager_race", [])
     if not args.report:
-        done = {r["config"] for r in rows if "portable_median_s" in r}
+        here = stamp()["commit"]  # a stopped race continues; rows of other code are raced again
+        done = {r["config"] for r in rows if "portable_median_s" in r and r.get("commit") == here}
         rows = [r for r in rows if r["config"] in done]
         with tempfile.TemporaryDirectory() as tmp:
             for c in (c for c in STACK if c.name not in done):

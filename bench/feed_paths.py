@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, load_results, measure_or_report, replace_table, run
 
 DOC = ROOT / "docs" / "results.md"
 CASES = [  # label, export arguments, micro-batch, calls per block
@@ -113,7 +113,7 @@ def patch_inputs(tmp: Path) -> dict:
     p = subprocess.run([sys.executable, "-c", PATCH_CHILD, str(art), str(PATCH_ITEMS),
                         str(BLOCKS)], capture_output=True, text=True, check=True, cwd=ROOT)
     t = json.loads(p.stdout.strip().splitlines()[-1])
-    race = json.loads((ROOT / "bench" / "results" / "eager_race.json").read_text())
+    race = load_results("eager_race")
     c6 = next(r for r in race if r["config"] == "C6")
     return {**t, "step_inputs_median_s": statistics.median(t["step_inputs_s"]),
             "c6_step_s": c6["edgetrain_median_s"]}
@@ -135,7 +135,7 @@ def patch_table(r: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def measure() -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         patch = patch_inputs(Path(tmp))
@@ -151,16 +151,21 @@ def main() -> None:
                    "bound_call_s": statistics.median(t["bound"]), "blocks": t}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    save_results("feed_paths", {"bound_inputs": rows, "patch_inputs": patch})
-    replace_table(DOC, patch_table(patch), "patch-inputs")
+    return {"bound_inputs": rows, "patch_inputs": patch}
+
+
+def report(results: dict) -> None:
+    rows = results["bound_inputs"]
+    replace_table(DOC, patch_table(results["patch_inputs"]), "patch-inputs",
+                  sources=["feed_paths"])
     lines = ["| artifact | numpy inputs, a call | bound OrtValues, a call | saved |",
              "|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['numpy_call_s'] * 1e3:.3f} ms | "
                      f"{r['bound_call_s'] * 1e3:.3f} ms | "
                      f"{1 - r['bound_call_s'] / r['numpy_call_s']:+.1%} |")
-    replace_table(DOC, lines, "feed-paths")
+    replace_table(DOC, lines, "feed-paths", sources=["feed_paths"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("feed_paths", measure, report, __doc__.splitlines()[0])

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, save_results
+from common import ROOT, load_results, measure_or_report, replace_table
 
 FILING_COMMIT = "93b3d07"  # d72bdcd^: the runtime before `edgetrain plan` and its work
 ROUNDS = 3
@@ -47,8 +47,8 @@ def step_s(root: Path, art: Path, batch: int, accumulation: int) -> float:
     return d["step_time_s"]  # the median of 3 steps (the first warms allocator and kernels)
 
 
-def main() -> None:
-    planned = [r for r in json.loads((ROOT / "bench/results/planner.json").read_text())
+def measure() -> list[dict]:
+    planned = [r for r in load_results("planner")
                if r["kind"] == "planner" and r["chosen"]]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "filing"
@@ -81,15 +81,19 @@ def main() -> None:
                            capture_output=True)
     rows = [{"case": k, "step_times_s": v, "median_s": statistics.median(v)}
             for k, v in times.items()]
-    save_results("filing_baseline", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     base = rows[0]["median_s"]
     lines = ["| C6, 32 windows a step | step (median of 3) | windows/s | vs filing-day code |",
              "|---|---:|---:|---:|"]
     lines += [f"| {r['case']} | {r['median_s']:.2f} s | {32 / r['median_s']:.2f} | "
               f"{base / r['median_s']:.1f}× |" for r in rows]
-    replace_table(ROOT / "docs" / "results.md", lines, "filing-baseline")
+    replace_table(ROOT / "docs" / "results.md", lines, "filing-baseline",
+                  sources=["filing_baseline"])
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("filing_baseline", measure, report, __doc__.splitlines()[0])

@@ -31,9 +31,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from common import CLI, ROOT, replace_table, run, save_results
+from common import CLI, ROOT, load_results, replace_table, run, save_results, stamp
 
-RESULTS = ROOT / "bench" / "results" / "fleet.json"
 DOC = ROOT / "docs" / "results.md"
 ART = ROOT / "artifacts" / "imu_fleet"
 WORK = ROOT / "runs" / "bench-fleet"
@@ -183,14 +182,14 @@ def report(r: dict) -> None:
                     + (f"{gn['median']:+.1f} [{gn['p10']:+.1f}, {gn['p90']:+.1f}]" if gn else "")
                     + f" | {g['gained']} / {g['lost']} / {g['unchanged']} | "
                     f"{g['guard'].get('kept population', 0)} |")
-    replace_table(DOC, lines, "fleet")
+    replace_table(DOC, lines, "fleet", sources=["fleet"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the tables")
     args = ap.parse_args()
-    r = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    r = load_results("fleet", {})
     if not args.report:
         export()
         steps = [("ray_overhead", ray_overhead),
@@ -202,9 +201,10 @@ def main() -> None:
                                               "fleet-1000", 2)),
                  ("fleet_1000_one_worker", lambda: fleet(ROOT / "examples" / "fleet-1000.json",
                                                          "fleet-1000-one-worker", 1))]
+        here = stamp()  # a stopped run continues; parts measured on other code run again
         for key, fn in steps:
-            if key not in r:
-                r[key] = fn()
+            if r.get(key, {}).get("commit") != here["commit"]:
+                r[key] = {**fn(), **here}
                 save_results("fleet", r)
                 print(key, json.dumps(r[key])[:400], flush=True)
                 if key == "fleet_1000":  # its pictures, from the run just made (the saved

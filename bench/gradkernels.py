@@ -23,7 +23,7 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 from edgetrain.ort_device import onnxruntime
 from exporters.passes import pointwisegrad
 from exporters.passes.depthwisegrad import rewrite_depthwise_conv_grads
@@ -117,7 +117,7 @@ def c5_predicted_peak_bytes() -> int:
     return out["predicted"]["peak_bytes"]
 
 
-def main() -> None:
+def measure() -> list[dict]:
     rng = np.random.default_rng(0)
     rows = []
     peak = c5_predicted_peak_bytes()
@@ -162,7 +162,10 @@ def main() -> None:
                               {"dy": x, "x": x, "w": w}, {"dw": w}),
                           lambda m: rewrite_stacked_weight_grads(m, host_block(),
                                                                  CHANNEL_MULTIPLE), feed))
-    save_results("gradkernels", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = ["| node (MobileNetV1 at 224; C6's pointwise layers) | ORT's kernel | rewritten | speed-up | largest "
              "difference |", "|---|---:|---:|---:|---:|"]
     for r in rows:
@@ -172,8 +175,8 @@ def main() -> None:
                          f"| {r['max_abs_diff']:.1e} |")
         else:
             lines.append(f"| {r['case']} | {r['ort_s'] * 1e3:.2f} ms | not rewritten | | |")
-    replace_table(DOC, lines, "gradkernels")
+    replace_table(DOC, lines, "gradkernels", sources=["gradkernels"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("gradkernels", measure, report, __doc__.splitlines()[0])

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 from edgetrain.ort_device import onnxruntime
 from exporters.passes.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
@@ -103,16 +103,14 @@ def step_rows() -> list[dict]:
              "predicted_peak_bytes": peaks[(f, b)][1]} for (f, b), v in times.items()]
 
 
-def main() -> None:
-    rows = layer_rows() + step_rows()
-    save_results("nchwc", rows)
+def report(rows: list[dict]) -> None:
     lines = ["| depthwise layer (C6, width 1.0) | patches | ORT's Conv | NCHWc (with reorders) "
              "| speed-up | largest difference |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['channels']}x{r['side']}x{r['side']}, stride {r['stride']} | {r['batch']} "
               f"| {r['ort_conv_s'] * 1e3:.3f} ms | {r['nchwc_s'] * 1e3:.3f} ms | "
               f"{r['ort_conv_s'] / r['nchwc_s']:.1f}× | {r['max_abs_diff']:.1e} |"
               for r in rows if r["kind"] == "layer"]
-    replace_table(DOC, lines, "nchwc-layers")
+    replace_table(DOC, lines, "nchwc-layers", sources=["nchwc"])
     steps = {(r["export"], r["micro_batch"]): r for r in rows if r["kind"] == "step"}
     lines = ["| C6 step (1,568 patches) | `--no-nchwc` | `--nchwc` | speed-up | peak measured "
              "(`--nchwc`) | predicted |", "|---|---:|---:|---:|---:|---:|"]
@@ -121,9 +119,10 @@ def main() -> None:
         lines.append(f"| micro-batch {b} | {old['median_s']:.2f} s | {new['median_s']:.2f} s | "
                      f"{old['median_s'] / new['median_s']:.2f}× | {new['peak_bytes']:,} B | "
                      f"{new['predicted_peak_bytes']:,} B |")
-    replace_table(DOC, lines, "nchwc-step")
+    replace_table(DOC, lines, "nchwc-step", sources=["nchwc"])
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("nchwc", lambda: layer_rows() + step_rows(), report,
+                      __doc__.splitlines()[0])

@@ -10,16 +10,14 @@ matches (another device, model or data set than the benchmark ran).
 from __future__ import annotations
 
 import argparse
-import json
 
-from common import ROOT
+from common import load_results
 
 PROTOCOLS = {"hapt": "later-session", "watch": "other-arm"}
 
 
 def context(dataset: str, device: str, mode: str, model: str) -> str:
-    path = ROOT / "bench" / "results" / "personalise.json"
-    rows = json.loads(path.read_text()) if path.is_file() else []
+    rows = load_results("personalise", [])
     match = [r for r in rows if r.get("dataset") == dataset and r.get("device") == device
              and r.get("mode") == mode and r.get("model") == model
              and r.get("protocol") == PROTOCOLS[dataset] and not r.get("without_users")]

@@ -12,12 +12,10 @@ decide it. Nothing here is typed by hand: a changed figure changes the verdict.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable
 
-from common import ROOT, replace_table
-from personalise import RESULTS
+from common import ROOT, load_results, replace_table
 
 DOC = ROOT / "docs" / "results.md"
 
@@ -70,8 +68,7 @@ def verdict(point: Point, s: dict | None) -> str:
 
 
 def _read(name: str) -> list[dict]:
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else []
+    return load_results(name, [])
 
 
 def main() -> None:

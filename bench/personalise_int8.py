@@ -38,7 +38,11 @@ def main() -> None:
             if a and b:
                 d = b["gain_points"] - a["gain_points"]
                 diffs.append(f"{mode} {d:+.1f}")
-                out.append({"device": device, "mode": mode, "fp32_gain_points": a["gain_points"],
+                where = {"commit": a.get("commit") if a.get("commit") == b.get("commit") else
+                         f"{a.get('commit')} and {b.get('commit')}", "date": b.get("date"),
+                         "machine": b.get("machine")}  # the runs', not this report's
+                out.append({**where, "device": device, "mode": mode,
+                            "fp32_gain_points": a["gain_points"],
                             "int8_gain_points": b["gain_points"], "difference_points": d,
                             "fp32_peak_bytes": a["peak_bytes"], "int8_peak_bytes": b["peak_bytes"]})
         lines += [f"Mean gain in 8 bits minus in float (points), `{device}`: "

@@ -31,7 +31,7 @@ import json
 import numpy as np
 import torch
 
-from common import ROOT, replace_table
+from common import ROOT, load_results, replace_table, save_results, stamp
 from personalise import folds
 from personalise_report import PROTOCOL_NAMES
 from edgetrain import datasets
@@ -44,7 +44,6 @@ RECIPES = {"all weights": dict(lr=1e-4, which="all"),
            "biases + norms + classifier": dict(lr=1e-3, which="bias"),
            "all weights + population replay": dict(lr=1e-4, which="all", replay=True)}
 EPOCHS, REPLAY_WINDOWS, SEED = 5, 300, 0
-OUT = ROOT / "bench" / "results" / "personalise-recipes.json"
 
 
 def trained_names(model: torch.nn.Module, which: str) -> set[str]:
@@ -54,8 +53,9 @@ def trained_names(model: torch.nn.Module, which: str) -> set[str]:
 
 def main(model: str, dataset: str) -> None:
     torch.set_num_threads(2)
-    rows = [r for r in (json.loads(OUT.read_text()) if OUT.is_file() else [])
+    rows = [r for r in load_results("personalise-recipes", [])
             if (r["model"], r["dataset"]) != (model, dataset)]
+    here = stamp()  # each row says where it was measured: a run replaces one model's rows
     for users in folds(dataset):
         pop, summary = pretrain(PretrainConfig(model=model, holdout_user=users[0],
                                                also_held_out=users[1:], dataset=dataset),
@@ -79,7 +79,7 @@ def main(model: str, dataset: str) -> None:
                                         replay=replay if r.get("replay") else None, seed=SEED)
                     val, after = evaluate(m, Xv, yv)[1], evaluate(m, Xs, ys)[2]
                     kept = val < pop_val + 1  # the device's guard: one more window right
-                    rows.append({"model": model, "dataset": dataset, "user": user,
+                    rows.append({**here, "model": model, "dataset": dataset, "user": user,
                                  "protocol": protocol,
                                  "recipe": name, "epoch": epoch, "val_before": pop_val,
                                  "val_after": val, "val_windows": len(yv),
@@ -90,11 +90,11 @@ def main(model: str, dataset: str) -> None:
                     print(json.dumps({k: rows[-1][k] for k in ("user", "protocol", "recipe",
                                                                "test_before", "test_after")}),
                           flush=True)
-    OUT.write_text(json.dumps(rows, indent=1))
+    save_results("personalise-recipes", rows)
 
 
 def report() -> None:
-    rows = json.loads(OUT.read_text())
+    rows = load_results("personalise-recipes")
     lines = ["| network | data, protocol | what trains | mean gain (points) | mean gain after "
              "the guard | worst user after the guard | users > 1 point below after the guard |",
              "|---|---|---|---:|---:|---|---:|"]
@@ -111,7 +111,8 @@ def report() -> None:
                              f"{np.mean(raw):+.1f} | {np.mean(guarded):+.1f} | user "
                              f"{rs[worst]['user']}: {guarded[worst]:+.1f} | "
                              f"{sum(g < -1 for g in guarded)} of {len(rs)} |")
-    replace_table(ROOT / "docs" / "results.md", lines, "personalise-recipes")
+    replace_table(ROOT / "docs" / "results.md", lines, "personalise-recipes",
+                  sources=["personalise-recipes"])
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results, step_table
+from common import ROOT, load_results, replace_table, run, save_results, stamp, step_table
 
 from stack_config import DENSITY, EFFECTIVE_BATCH, STACK
 
-RESULTS = ROOT / "bench" / "results" / "planner.json"
+PLANNER_RESULTS = ROOT / "bench" / "results" / "planner.json"
 DOC = ROOT / "docs" / "results.md"
 DEVICES = ("watchos-extension", "watch-app-low")
 WIDTH = 1.0  # the stack's width for every network
@@ -66,11 +66,12 @@ def predicted_step_s(art: Path, batch: int, accumulation: int) -> float:
 
 
 def saved_rows() -> list[dict]:
-    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    return load_results("planner", [])
 
 
 def keep(row: dict) -> dict:
-    """Save the row with those before it (an interrupted run continues after it)."""
+    """Save the row, stamped, with those before it (an interrupted run continues after it)."""
+    row = {**row, **stamp()}
     save_results("planner", [*saved_rows(), row])
     print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
     return row
@@ -152,11 +153,11 @@ def report(rows: list[dict]) -> None:
             + (f"{c['micro_batch']} × {c['accumulation_steps']} | {c['measured_peak_bytes']:,} "
                f"| {c['measured_step_time_s']:.2f} s | {win:.1f} | {r['speedup']:.1f}× |"
                if c else f"none: {r['reason']} | | | | |"))
-    replace_table(DOC, lines, "planner")
+    replace_table(DOC, lines, "planner", sources=["planner"])
     replace_table(DOC, step_table([r for r in rows if r["kind"] == "latency"],
                                   "measured_step_time_s", "predicted_step_time_s",
                                   ("measured step", "predicted (host model)",
-                                   "measured / predicted")), "latency")
+                                   "measured / predicted")), "latency", sources=["planner"])
 
 
 def main() -> None:
@@ -167,11 +168,13 @@ def main() -> None:
                     help="only predict the latency rows again (measurements kept)")
     args = ap.parse_args()
     if args.fresh:
-        RESULTS.unlink(missing_ok=True)
+        PLANNER_RESULTS.unlink(missing_ok=True)
     if args.repredict:
         with tempfile.TemporaryDirectory() as tmp:
             repredict(Path(tmp))
-    elif not args.report:
+    elif not args.report:  # a stopped run continues; rows measured on other code run again
+        here = stamp()["commit"]
+        save_results("planner", [r for r in saved_rows() if r.get("commit") == here])
         done = {(r["kind"], r["config"], r.get("device")) for r in saved_rows()}
         with tempfile.TemporaryDirectory() as tmp:
             planner_rows(Path(tmp), done)

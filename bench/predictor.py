@@ -16,12 +16,13 @@ tables in docs/predictor.md (markers `table`, `stack`, `families`, `batchnorm`).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results, stamp
+from common import ROOT, load_results, replace_table, run, save_results
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn", "imu_transformer"]
 BATCHES = [1, 8, 32]
@@ -84,14 +85,25 @@ def main(only_batchnorm: bool = False) -> None:
                      for c, art in stack_artifacts(Path(tmp))]
             families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
         batchnorm = list(batchnorm_rows(Path(tmp)))
-    where = stamp()
-    save_results("predictor_batchnorm", [{**r, **where} for r in batchnorm])
-    write_table(batchnorm, "batchnorm", where)
+    save_results("predictor_batchnorm", batchnorm)
+    if not only_batchnorm:
+        save_results("predictor", [{**r, "part": part} for part, rs in
+                                   (("table", rows), ("stack", stack), ("families", families))
+                                   for r in rs])
+    report(only_batchnorm)
+
+
+def report(only_batchnorm: bool = False) -> None:
+    """The tables of docs/predictor.md from bench/results/predictor*.json."""
+    write_table(load_results("predictor_batchnorm"), "batchnorm", "predictor_batchnorm")
     if only_batchnorm:
         return
-    save_results("predictor", [{**r, **where} for r in rows + stack + families])
-    for part, marker in ((rows, "table"), (stack, "stack"), (families, "families")):
-        write_table(part, marker, where)
+    rows = load_results("predictor")
+    if any("part" not in r for r in rows):
+        raise SystemExit("bench/results/predictor.json is from before its rows named their "
+                         "table: run bench/predictor.py again")
+    for marker in ("table", "stack", "families"):
+        write_table([r for r in rows if r["part"] == marker], marker, "predictor")
 
 
 def batchnorm_rows(tmp: Path):
@@ -125,16 +137,19 @@ def stack_artifacts(tmp: Path):
                         c.accumulation, c.update)
 
 
-def write_table(rows: list[dict], marker: str, where: dict) -> None:
-    lines = [f"Measured at commit `{where['commit']}`, {where['date']}, {where['machine']}; "
-             "`bench/predictor.py`.", "",
-             "| model | batch | measured peak | predicted peak | error | claim |",
+def write_table(rows: list[dict], marker: str, source: str) -> None:
+    lines = ["| model | batch | measured peak | predicted peak | error | claim |",
              "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {r['peak_bytes']:,} | "
                      f"{r['predicted_peak_bytes']:,} | {r['error_ratio']:+.1%} | {r['claim']} |")
-    replace_table(ROOT / "docs" / "predictor.md", lines, marker)
+    replace_table(ROOT / "docs" / "predictor.md", lines, marker, sources=[source])
 
 
 if __name__ == "__main__":
-    main(only_batchnorm="--batchnorm" in sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batchnorm", action="store_true", help="the statistics-pass table alone")
+    ap.add_argument("--report", action="store_true",
+                    help="only rebuild the tables from bench/results/predictor*.json")
+    a = ap.parse_args()
+    report(a.batchnorm) if a.report else main(only_batchnorm=a.batchnorm)

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from edgetrain.names import MANIFEST_NAME
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
@@ -97,14 +97,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def measure_all() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for net in NETWORKS:
             rows += bench_network(Path(tmp), net)
-    save_results("recompute", rows)
-    replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines())
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines(),
+                  sources=["recompute"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("recompute", measure_all, report, __doc__.splitlines()[0])

@@ -15,14 +15,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
 ALLOCATIONS = ("uniform", "global", "erk")
 DEVICE, USER, SAMPLES = "watchos-extension", 10, 256
 
 
-def main() -> None:
+def measure() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for allocation in ALLOCATIONS:
@@ -41,14 +41,17 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("allocation", "sparsity", "samples",
                                                       "accuracy_before", "accuracy_after")}),
                       flush=True)
-    save_results("reset", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = ["| sparsity | allocation | samples | accuracy without RESET | with RESET |",
              "|---:|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['sparsity']:.0%} | {r['allocation'] if r['sparsity'] else '-'} | "
                      f"{r['samples']} | {r['accuracy_before']:.3f} | {r['accuracy_after']:.3f} |")
-    replace_table(ROOT / "docs" / "sparse.md", lines, "reset-table")
+    replace_table(ROOT / "docs" / "sparse.md", lines, "reset-table", sources=["reset"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("reset", measure, report, __doc__.splitlines()[0])

@@ -29,12 +29,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results, stamp
+from common import ROOT, load_results, replace_table, run, save_results, stamp
 
 NETWORKS = ("imu_cnn", "imu_transformer", "patch_mobilenet")
 PLANS = ("all", "bias", "bias-only")
 BATCHES = (8, 32)
-RESULTS = ROOT / "bench" / "results" / "saved_activations.json"
 PEAK_ROWS = (("imu_cnn", "all"), ("imu_cnn", "bias"), ("patch_mobilenet", "all"),
              ("patch_mobilenet", "bias"))
 PEAK_PARTS = ("8-bit copies", "floats rebuilt from them", "other forward tensors kept",
@@ -74,7 +73,7 @@ def main() -> None:
 
 
 def report() -> None:
-    saved = json.loads(RESULTS.read_text())[0]
+    saved = load_results("saved_activations")[0]
     rows = saved["rows"]
     lines = [f"Measured at commit `{saved['commit']}`, {saved['date']}, {saved['machine']}; "
              "`bench/saved_activations.py` (2 threads).", "",
@@ -135,9 +134,14 @@ def peaks() -> None:
             row["parts"] = peak_parts(Path(tmp) / f"{model}-{update}-int8-8", 8)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("model", "update", "parts")}), flush=True)
-    where = stamp()
-    save_results("saved_activations_peaks", [{**where, "rows": rows}])
-    lines = [f"Measured at commit `{where['commit']}`, {where['date']}, {where['machine']}; "
+    save_results("saved_activations_peaks", [{**stamp(), "rows": rows}])
+    peaks_report()
+
+
+def peaks_report() -> None:
+    saved = load_results("saved_activations_peaks")[0]
+    rows = saved["rows"]
+    lines = [f"Measured at commit `{saved['commit']}`, {saved['date']}, {saved['machine']}; "
              "`bench/saved_activations.py --peaks` (micro-batch 8, 2 threads; the parts are "
              "the predictor's plan of the step at its fullest moment, a prediction).", "",
              "| network | plan | " + " | ".join(PEAK_PARTS) + " | predicted step | measured "
@@ -156,4 +160,7 @@ if __name__ == "__main__":
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--peaks", action="store_true")
     args = ap.parse_args()
-    report() if args.report else peaks() if args.peaks else main()
+    if args.peaks:
+        peaks_report() if args.report else peaks()
+    else:
+        report() if args.report else main()

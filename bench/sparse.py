@@ -14,13 +14,13 @@ import tempfile
 from pathlib import Path
 
 from edgetrain.names import MANIFEST_NAME
-from common import ROOT, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 
 DENSITIES = (1.0, 0.5, 0.2, 0.1)
 NETWORK, BATCH = "patch_mobilenet", 8
 
 
-def main() -> None:
+def measure() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for density in DENSITIES:
@@ -42,7 +42,10 @@ def main() -> None:
     for r in rows:
         r["state_ratio"] = round(r["state_bytes"] / dense, 4)
         print(json.dumps(r), flush=True)
-    save_results("sparse", rows)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = ["| density | masked weights | kept values | parameters | gradients "
              "| optimizer state | sum | vs dense | activations | peak |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -51,8 +54,8 @@ def main() -> None:
                      f"{r['parameters_bytes']:,} | {r['gradients_bytes']:,} | "
                      f"{r['optimizer_state_bytes']:,} | {r['state_bytes']:,} | "
                      f"{r['state_ratio']:.3f} | {r['activation_bytes']:,} | {r['peak_bytes']:,} |")
-    replace_table(ROOT / "docs" / "sparse.md", lines)
+    replace_table(ROOT / "docs" / "sparse.md", lines, sources=["sparse"])
 
 
 if __name__ == "__main__":
-    main()
+    measure_or_report("sparse", measure, report, __doc__.splitlines()[0])

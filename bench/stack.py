@@ -40,13 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from stack_config import PARALLEL_RUNS, save, saved
+from stack_config import PARALLEL_RUNS, current, save
 from stack_report import report
 from stack_stages import NETWORK_ORDER, forget_stale_groups, tasks
 
 
 def pending(only: str | None, network: str | None) -> list[tuple[str, object]]:
-    return [(n, f) for n, f in tasks(only, network) if saved(n) is None]
+    return [(n, f) for n, f in tasks(only, network) if current(n) is None]
 
 
 def main() -> None:

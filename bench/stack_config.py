@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from common import ROOT
+from common import ROOT, code_commit, stamp
 from edgetrain.atomicfile import atomic_write_bytes
 
 EFFECTIVE_BATCH = 32  # windows per optimizer step, every configuration (the seed's C1 peak
@@ -150,12 +150,24 @@ def chosen_lr(c: StackConfig) -> float | None:
 
 
 # ---- resumable results ---------------------------------------------------------------------
+def current(name: str) -> dict | None:
+    """A stage's saved result if it was measured on this code (common.code_commit); the
+    population models (pretrain) are reused whatever the code, as their cache is keyed by
+    their recipe."""
+    result = saved(name)
+    if result is None or name.startswith("pretrain-"):
+        return result
+    return result if result.get("commit") == code_commit() else None
+
+
 def saved(name: str) -> dict | None:
     path = STATE / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def save(name: str, result: dict) -> dict:
+    """Save a stage's result, stamped with where it was measured (common.stamp)."""
+    result = {**result, **stamp()}
     STATE.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(STATE / f"{name}.json", json.dumps(result, indent=2).encode())
     return result

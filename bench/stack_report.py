@@ -25,6 +25,8 @@ def rows() -> list[dict]:
         per_window = c.items_per_window
         fit_batch = fi["max_batch"]
         out.append({
+            "commit": me.get("commit") or "not recorded", "date": me.get("date"),
+            "machine": me.get("machine"),
             "config": c.name, "network": c.network, "summary": c.summary, "sparse": c.sparse,
             "density": DENSITY if c.sparse else 1.0, "recompute": c.recompute,
             "micro_batch": c.micro_batch, "accumulation": c.accumulation,
@@ -180,7 +182,7 @@ def report() -> None:
     rs = rows()
     save_results("stack", rs)
     for name, lines in tables(rs).items():
-        replace_table(ROOT / "docs" / "results.md", lines, name)
+        replace_table(ROOT / "docs" / "results.md", lines, name, sources=["stack"])
     if rs:
         plot(rs, ROOT / "docs" / "img" / "stack.png")
     done = {r["config"] for r in rs}

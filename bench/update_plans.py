@@ -21,13 +21,12 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import ROOT, replace_table, run, save_results, stamp
+from common import ROOT, load_results, replace_table, run, save_results, stamp
 
 PLANS = ("all", "last:4", "last:2", "head", "bias", "bias-only")
 NETWORKS = ("patch_mobilenet", "imu_cnn")
 SMALLEST = {"model": "imu_cnn", "width": 0.25, "update": "head", "batch": 2, "threads": 1,
             "device": "mcu-256kb"}
-RESULTS = ROOT / "bench" / "results" / "update_plans.json"
 DOC = ROOT / "docs" / "update-plans.md"
 
 
@@ -76,7 +75,7 @@ def main() -> None:
 
 
 def report() -> None:
-    saved = json.loads(RESULTS.read_text())[0]
+    saved = load_results("update_plans")[0]
     rows, searches = saved["rows"], saved["searches"]
     where = (f"Measured at commit `{saved['commit']}`, {saved['date']}, {saved['machine']}; "
              "`bench/update_plans.py`." if "commit" in saved else

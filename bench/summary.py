@@ -1,0 +1,170 @@
+"""The headline figures, from the saved results: docs/results.md's summary and the README's.
+
+    .venv/bin/python bench/summary.py          # write both (bench/all.py runs it last)
+    .venv/bin/python bench/summary.py --check  # exit 1 when either differs from the results
+
+Each figure is a function of one result file (bench/results/<source>.json) returning its text;
+the summary table of docs/results.md (block `summary`) gives each with the commit and date of
+the rows it comes from, and the README holds some of the same texts between
+`<!-- fig:NAME -->` and `<!-- /fig -->` (tests/test_results_summary.py fails when one differs
+from what its source gives today).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from common import ROOT, load_results, read_stamped, replace_table, row_stamps
+
+DOC = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+FIG = re.compile(r"<!-- fig:([a-z0-9-]+) -->(.*?)<!-- /fig -->", re.S)
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    headline: str  # the summary table's first column
+    source: str  # result file name
+    text: Callable[[object], tuple[str, list]]  # the text and the rows it was read from
+    section: str  # anchor in docs/results.md (or a docs/ page) holding the table
+
+
+def _stack(rows: list[dict]) -> tuple[str, list]:
+    by = {r["config"]: r for r in rows}
+    if not {"C1", "C6"} <= set(by):
+        return "C1 or C6 not measured yet", []
+    c1, c6 = by["C1"], by["C6"]
+    return (f"C1 → C6 peak {c1['peak_bytes'] / c6['peak_bytes']:,.0f}× lower "
+            f"({c1['peak_bytes'] / 1e6:,.1f} MB → {c6['peak_bytes'] / 1e6:,.1f} MB) for "
+            f"{100 * (c6['accuracy_after_mean'] - c1['accuracy_after_mean']):+.1f} points "
+            "(mean of 3 held-out users)"), [c1, c6]
+
+
+def _gain(device: str, mode: str = "all labels") -> Callable[[list[dict]], tuple[str, list]]:
+    def text(rows: list[dict]) -> tuple[str, list]:
+        r = next((r for r in rows if r.get("table") == "gate" and r["device"] == device
+                  and r["mode"] == mode and not r.get("without_users")), None)
+        if r is None:
+            return f"no {device} rows yet", []
+        return (f"{r['gain_points']:+.1f} points [{r['low_points']:+.1f}, "
+                f"{r['high_points']:+.1f}] over {r['users']} users ({mode}), peak "
+                f"{r['peak_bytes']:,} B"), [r]
+    return text
+
+
+def _demo(rows: list[dict]) -> tuple[str, list]:
+    r = next((r for r in rows if r["device"] == "watchos-extension"), None)
+    if r is None:
+        return "no `watchos-extension` row yet", []
+    guard = {True: "the guard kept the population model", False: "the guard kept the "
+             "personalised model", None: "no guard"}[r["guard_kept_population"]]
+    return (f"{guard}; session-2 accuracy {r['accuracy_before']:.3f} → "
+            f"{r['accuracy_after']:.3f} ({r['gain']['gain_points']:+.1f} points); measured "
+            f"peak {r['peak_bytes']:,} B"), [r]
+
+
+def _predictor(rows: list[dict]) -> tuple[str, list]:
+    built_in = [r for r in rows if r.get("part") == "table" and r["claim"] == "complete"]
+    worst = max(built_in, key=lambda r: abs(r["error_ratio"]))
+    return (f"within {abs(worst['error_ratio']):.1%} of the allocator on {len(built_in)} "
+            f"built-in network × batch rows (worst: {worst['model']} at batch "
+            f"{worst['batch']})"), built_in
+
+
+def _eager(rows: list[dict]) -> tuple[str, list]:
+    raced = [r for r in rows if "portable_ratio" in r]
+    ratios = [r["portable_ratio"] for r in raced]
+    return (f"a step takes {min(ratios):.2f}–{max(ratios):.2f}× PyTorch eager's time on the "
+            f"portable artifact, over {len(ratios)} stack rows"), raced
+
+
+def _recompute(rows: list[dict]) -> tuple[str, list]:
+    r = next((r for r in rows if r["network"] == "resnet50" and r["plan"] == "sqrt"), None)
+    if r is None:
+        return "no ResNet-50 rows yet", []
+    return (f"ResNet-50 at batch {r['batch']}: `sqrt` holds {r['activation_cut_ratio']:.2f}× "
+            f"fewer activation bytes for {r['time_ratio']:.2f}× the step time"), [r]
+
+
+def _fleet(results: dict) -> tuple[str, list]:
+    f = results["fleet_1000"]
+    return (f"{f['runs']:,} users on four devices take about {f['wall_s'] / 60:.0f} minutes "
+            f"on {f['workers']} workers"), [f]
+
+
+FIGURES = (
+    Figure("stack", "The seed deck's stack (C1 ResNet-50 → C6 patch MobileNet)", "stack",
+           _stack, "#the-seed-stack-c1--c6-reproduced-and-c8-the-raw-imu-network-under-an-"
+           "update-plan"),
+    Figure("demo", "The demo (HAPT user 30, `watchos-extension`)", "demo", _demo,
+           "#the-demo-hapt-user-30-session-1--session-2-on-each-tiers-shipped-plan"),
+    Figure("gain-watch", "Personalisation, `watchos-extension`, session 1 → 2 (HAPT)",
+           "personalise", _gain("watchos-extension"), "#personalisation-where-the-watch-is-worn"),
+    Figure("gain-1mb", "Personalisation, `mcu-1mb`, session 1 → 2 (HAPT)", "personalise",
+           _gain("mcu-1mb"), "#personalisation-where-the-watch-is-worn"),
+    Figure("gain-256kb", "Personalisation, `mcu-256kb`, session 1 → 2 (HAPT)", "personalise",
+           _gain("mcu-256kb"), "#personalisation-where-the-watch-is-worn"),
+    Figure("predictor", "Static peak prediction", "predictor", _predictor,
+           "predictor.md#accuracy"),
+    Figure("eager", "Step time against PyTorch eager", "eager_race", _eager,
+           "#edgetrain-against-pytorch-eager-step-for-step"),
+    Figure("recompute", "Recompute", "recompute", _recompute, "recompute.md"),
+    Figure("fleet-1000", "A fleet on Ray", "fleet", _fleet, "#a-fleet-on-ray"),
+)
+
+
+def text_of(fig: Figure) -> str:
+    results = load_results(fig.source)
+    return "not measured yet" if results is None else fig.text(results)[0]
+
+
+def where(fig: Figure) -> str:
+    """The commit and date of the rows the figure was read from ("N commits" when mixed)."""
+    doc = read_stamped(fig.source)
+    if doc is None:
+        return "–"
+    stamps = row_stamps({**doc, "results": fig.text(doc["results"])[1]})
+    commits = sorted({s["commit"] or "not recorded" for s in stamps})
+    dates = sorted({s["date"] for s in stamps if s["date"]})
+    head = (f"{len(commits)} commits" if len(commits) > 1 else "commit not recorded"
+            if commits == ["not recorded"] else f"`{commits[0]}`")
+    return f"{head}, {dates[-1]}" if dates else head
+
+
+def summary_lines() -> list[str]:
+    lines = ["| | figure | measured at | table |", "|---|---|---|---|"]
+    for f in FIGURES:
+        lines.append(f"| {f.headline} | {text_of(f)} | {where(f)} | [table]({f.section}) |")
+    return lines
+
+
+def readme_text(text: str) -> str:
+    """The README with every figure between its markers as its source gives it today."""
+    known = {f.name: f for f in FIGURES}
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in known:
+            raise SystemExit(f"README.md names figure {m.group(1)!r}, which bench/summary.py "
+                             f"does not know (it knows {', '.join(known)})")
+        return f"<!-- fig:{m.group(1)} -->{text_of(known[m.group(1)])}<!-- /fig -->"
+    return FIG.sub(sub, text)
+
+
+def main(check: bool) -> int:
+    readme = README.read_text()
+    if check:
+        stale = readme_text(readme) != readme
+        if stale:
+            print("README.md's figures differ from bench/results/: run bench/summary.py",
+                  file=sys.stderr)
+        return int(stale)
+    replace_table(DOC, summary_lines(), "summary")
+    README.write_text(readme_text(readme))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main("--check" in sys.argv[1:]))

@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common import ROOT, run, stamp
+from common import ROOT, command_line, run, stamp
 from device_sim.profiles import TIER_PLANS
 from edgetrain.manifest import SAVED_ACTIVATIONS
 
@@ -135,7 +135,7 @@ def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bo
     from edgetrain import datasets
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    where = stamp()
+    where = {**stamp(), "command": command_line()}
     path = rows_path(dataset, protocol, tier.device, recipe, tier.saved_activations)
     rows = read_rows(path)
     if not keep_old and any(r["commit"] != where["commit"] for r in rows):

@@ -71,7 +71,8 @@ def measure() -> dict:
                 for d in FIT_DEVICES]
         cost = json.loads(run("measure", str(art), "--batch", "8", "--device",
                               "watchos-extension", "--json"))
-        results = {"cap": cap(Path(tmp), art), "fit": fits,
+        target = json.loads((art / "manifest.json").read_text())["plan"]["target"]
+        results = {"target": target, "cap": cap(Path(tmp), art), "fit": fits,
                    "step_cost": {k: cost[k] for k in (
                        "batch", "step_flops", "step_bytes_moved", "predicted_device_step_time_s",
                        "step_time_s", "threads", "peak_bytes")}}
@@ -97,8 +98,10 @@ def report(results: dict) -> None:
         f"{'refused' if c['below_exit'] == 3 else '**not refused as documented**'}; files "
         f"written: {len(c['below_files_written'])}; \"{short(c['below_message'])}\" |"]
     replace_table(DOC, cap_lines, "cap", sources=["scenarios"])
+    target = results.get("target", "not recorded")
     fit_lines = ["| device | budget | predicted largest batch | confirmed | measured peak there | "
-                 "throughput there (this machine) |", "|---|---:|---:|---:|---:|---:|"]
+                 f"throughput there (this machine, {target} artifact) |",
+                 "|---|---:|---:|---:|---:|---:|"]
     for f in results["fit"]:
         peak = f"{f['peak_bytes']:,}" if f["peak_bytes"] else "–"
         tput = (f"{f['throughput_samples_per_s']:.0f} samples/s"
@@ -109,7 +112,8 @@ def report(results: dict) -> None:
     s = results["step_cost"]
     cost_lines = [
         "| batch | FLOPs a step (counted) | bytes moved (counted) | roofline time on "
-        "`watchos-extension` (prediction, a lower bound) | measured here | threads |",
+        f"`watchos-extension` (prediction, a lower bound) | measured here ({target} "
+        "artifact) | threads |",
         "|---:|---:|---:|---:|---:|---:|",
         f"| {s['batch']} | {s['step_flops'] / 1e9:.3f} G | {s['step_bytes_moved'] / 1e6:.0f} MB | "
         f"{s['predicted_device_step_time_s'] * 1e3:.1f} ms | {s['step_time_s'] * 1e3:.1f} ms | "

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from common import ROOT, code_commit, stamp
+from common import ROOT, code_commit, command_line, stamp
 from edgetrain.atomicfile import atomic_write_bytes
 
 EFFECTIVE_BATCH = 32  # windows per optimizer step, every configuration (the seed's C1 peak
@@ -167,7 +167,7 @@ def saved(name: str) -> dict | None:
 
 def save(name: str, result: dict) -> dict:
     """Save a stage's result, stamped with where it was measured (common.stamp)."""
-    result = {**result, **stamp()}
+    result = {**result, **stamp(), "command": command_line()}
     STATE.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(STATE / f"{name}.json", json.dumps(result, indent=2).encode())
     return result

@@ -15,8 +15,10 @@ steps of EFFECTIVE_BATCH windows: C1-C3 as one micro-batch, C4-C5 as EFFECTIVE_B
 micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x32 patch
 (the pixels of EFFECTIVE_BATCH windows).
 
-Stages, each result saved under bench/results/stack/ as soon as it exists, so an interrupted
-run resumes where it stopped:
+Stages, each result saved under bench/results/stack/ as soon as it exists with the commit it
+ran at, so an interrupted run resumes where it stopped, and a result saved on other code runs
+again (common.code_commit) except the recipe: population models and, unless --sweep-again,
+the learning-rate sweeps are reused:
   pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):
                dense for C1, dense then DST epochs (exporters/models/dst.py) for C2-C6
   export       one artifact per configuration (.cache/stack/<config>)
@@ -45,8 +47,9 @@ from stack_report import report
 from stack_stages import NETWORK_ORDER, forget_stale_groups, tasks
 
 
-def pending(only: str | None, network: str | None) -> list[tuple[str, object]]:
-    return [(n, f) for n, f in tasks(only, network) if current(n) is None]
+def pending(only: str | None, network: str | None, sweep_again: bool = False
+            ) -> list[tuple[str, object]]:
+    return [(n, f) for n, f in tasks(only, network) if current(n, sweep_again) is None]
 
 
 def main() -> None:
@@ -54,10 +57,13 @@ def main() -> None:
     ap.add_argument("--only", choices=["pretrain"], help="stop after this stage")
     ap.add_argument("--network", choices=NETWORK_ORDER, help="run only this network's stages")
     ap.add_argument("--report", action="store_true", help="only rebuild tables and plot")
+    ap.add_argument("--sweep-again", action="store_true",
+                    help="run the learning-rate sweeps again on this code (else reused)")
     args = ap.parse_args()
     if not args.report:
         forget_stale_groups(args.network)
-        bar = tqdm(total=len(pending(args.only, args.network)), desc="stack", unit="task")
+        bar = tqdm(total=len(pending(args.only, args.network, args.sweep_again)), desc="stack",
+                   unit="task")
 
         def run(name: str, fn) -> None:
             save(name, fn())
@@ -65,7 +71,7 @@ def main() -> None:
             tqdm.write(f"done: {name}")
 
         # Re-list after every batch: personalisation names depend on the sweep's results.
-        while todo := pending(args.only, args.network):
+        while todo := pending(args.only, args.network, args.sweep_again):
             stage = todo[0][0].split("-")[0]
             if stage in ("personalise", "lrsweep"):  # independent runs, one ORT thread each:
                 batch = []  # two at a time use both cores better than one run on two

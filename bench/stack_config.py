@@ -2,6 +2,7 @@
 the resumable result store under bench/results/stack/ (see bench/stack.py)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -150,14 +151,21 @@ def chosen_lr(c: StackConfig) -> float | None:
 
 
 # ---- resumable results ---------------------------------------------------------------------
-def current(name: str) -> dict | None:
-    """A stage's saved result if it was measured on this code (common.code_commit); the
-    population models (pretrain) are reused whatever the code, as their cache is keyed by
-    their recipe."""
+def current(name: str, sweep_again: bool = False) -> dict | None:
+    """A stage's saved result if it was measured on this code (common.code_commit). The recipe
+    is reused whatever the code: the population models (pretrain, cached by their recipe) and,
+    unless `sweep_again`, the learning-rate sweeps that chose each model's rate (they rank
+    rates on validation windows; a change of code that keeps the mathematics keeps them)."""
     result = saved(name)
-    if result is None or name.startswith("pretrain-"):
+    reused = ("pretrain-",) + (() if sweep_again else ("lrsweep-",))
+    if result is None or name.startswith(reused):
         return result
-    return result if result.get("commit") == code_commit() else None
+    return result if result.get("commit") == _code() else None
+
+
+@functools.lru_cache(maxsize=1)
+def _code() -> str:
+    return code_commit()  # once a run: the code does not change under it
 
 
 def saved(name: str) -> dict | None:

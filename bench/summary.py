@@ -11,12 +11,14 @@ from what its source gives today).
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from common import ROOT, load_results, read_stamped, replace_table, row_stamps
+from common import RESULTS, ROOT, load_results, read_stamped, replace_table, row_stamps
+from steps import STEPS
 
 DOC = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
@@ -141,6 +143,34 @@ def summary_lines() -> list[str]:
     return lines
 
 
+def commits_of(name: str) -> set[str]:
+    """The commits the rows of result `name` (.json or the personalisation runs' .jsonl) were
+    measured at."""
+    doc = read_stamped(name)
+    if doc is not None:
+        return {s["commit"] or "not recorded" for s in row_stamps(doc)}
+    path = RESULTS / f"{name}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {r.get("commit") or "not recorded" for r in rows}
+
+
+def provenance_line() -> str:
+    """Which steps' results come from which commit: the page is one commit's only when a
+    whole `make results` ran on one code."""
+    by: dict[str, list[str]] = {}
+    for step in STEPS:
+        for c in set().union(*(commits_of(n) for n in step.writes)) if step.writes else ():
+            by.setdefault(c, []).append(step.name)
+    if len(by) == 1:
+        return (f"Every benchmark's results (this page's and the capability pages') were "
+                f"measured at commit `{next(iter(by))}`.")
+    parts = [f"`{c}` ({', '.join(names)})" if c != "not recorded" else
+             f"a commit not recorded ({', '.join(names)})" for c, names in sorted(by.items())]
+    return (f"The benchmarks' results (this page's and the capability pages') come from "
+            f"{len(by)} commits, because `make results` has not yet run whole on one code: "
+            + "; ".join(parts) + ".")
+
+
 def readme_text(text: str) -> str:
     """The README with every figure between its markers as its source gives it today."""
     known = {f.name: f for f in FIGURES}
@@ -161,7 +191,7 @@ def main(check: bool) -> int:
             print("README.md's figures differ from bench/results/: run bench/summary.py",
                   file=sys.stderr)
         return int(stale)
-    replace_table(DOC, summary_lines(), "summary")
+    replace_table(DOC, summary_lines() + ["", provenance_line()], "summary")
     README.write_text(readme_text(readme))
     return 0
 

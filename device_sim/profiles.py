@@ -92,6 +92,10 @@ class TierPlan:
     micro_batch: int = 8
     batchnorm_adapt: str = "batch"  # Plan.batchnorm_adapt: how BatchNorm statistics adapt
     accumulation: int = 1  # micro-batches a step sums (its gradients and BatchNorm statistics)
+    # ORT intra-op threads: one, as bench/personalise.py measures every tier (a microcontroller
+    # has one core; MLAS keeps a working buffer per thread, so a second thread adds to the
+    # peak: mcu-256kb's plan needs 183,296 bytes with one thread and 314,368 with two)
+    threads: int = 1
 
     @property
     def label(self) -> str:
@@ -107,7 +111,7 @@ class TierPlan:
                  if self.batchnorm_adapt != "batch" else [])
         k = ["--accumulate", str(self.accumulation)] if self.accumulation > 1 else []
         return ["--model", self.model, *width, "--update", self.update, "--micro-batch",
-                str(self.micro_batch), *k, *exact]
+                str(self.micro_batch), *k, *exact, "--threads", str(self.threads)]
 
 
 TIER_PLANS: dict[str, TierPlan] = {t.device: t for t in [

@@ -31,6 +31,7 @@ def test_every_tier_plan_is_for_a_profile_and_in_the_docs():
         args = plan.export_args()
         assert args[args.index("--update") + 1] == plan.update
         assert args[args.index("--micro-batch") + 1] == str(plan.micro_batch)
+        assert args[args.index("--threads") + 1] == str(plan.threads)
 
 
 def test_unknown_profile():

@@ -17,15 +17,12 @@ bench/results/gradkernels.json; table in docs/results.md (marker `gradkernels`).
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from common import ROOT, measure_or_report, replace_table, run
+from nodetimer import time_model
 from exporters.passes import pointwisegrad
 from exporters.passes.depthwisegrad import rewrite_depthwise_conv_grads
 from exporters.passes.relugrad import rewrite_relu_grads
@@ -54,45 +51,8 @@ def _model(nodes, inputs: dict, outputs: dict):
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
-# ORT times the node in a process of its own: exporters (the rewrites) import torch, and the
-# device side's onnxruntime() refuses a process that has loaded it.
-TIMER = """
-import statistics, sys, time
-import numpy as np
-from edgetrain.ort_device import onnxruntime
-model, feeds, outs, threads, runs, warmup = sys.argv[1:4] + [int(a) for a in sys.argv[4:7]]
-ort = onnxruntime()
-so = ort.SessionOptions()
-so.intra_op_num_threads = threads
-so.log_severity_level = 3
-s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-feed = dict(np.load(feeds))
-for _ in range(warmup):
-    out = s.run(None, feed)
-times = []
-for _ in range(runs):
-    t0 = time.perf_counter()
-    out = s.run(None, feed)
-    times.append(time.perf_counter() - t0)
-np.savez(outs, *out)
-print(statistics.median(times))
-"""
-
-
 def _time(model, feed: dict) -> tuple[float, list]:
-    """The median time of `model` on `feed` (RUNS runs after WARMUP, THREADS threads) and its
-    outputs, measured in a torch-free child process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = [str(Path(tmp) / n) for n in ("m.onnx", "feed.npz", "out.npz")]
-        Path(paths[0]).write_bytes(model.SerializeToString())
-        np.savez(paths[1], **feed)
-        p = subprocess.run([sys.executable, "-c", TIMER, *paths, str(THREADS), str(RUNS),
-                            str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
-        if p.returncode != 0:
-            raise SystemExit(f"timing a node failed:\n{p.stderr[-2000:]}")
-        with np.load(paths[2]) as z:
-            out = [z[f"arr_{i}"] for i in range(len(z.files))]
-    return float(p.stdout.strip().splitlines()[-1]), out
+    return time_model(model, feed, THREADS, RUNS, WARMUP)
 
 
 def _case(label: str, make, rewrite, feed: dict) -> dict:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from common import ROOT, measure_or_report, replace_table, run
-from edgetrain.ort_device import onnxruntime
+from nodetimer import time_model
 from exporters.passes.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
 
@@ -50,18 +49,8 @@ def _layer(channels: int, side: int, stride: int):
 
 
 def _time(model, feeds) -> tuple[float, np.ndarray]:
-    ort = onnxruntime()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = THREADS
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    for _ in range(WARMUP):
-        out = s.run(None, feeds)[0]
-    times = []
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        s.run(None, feeds)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+    median_s, out = time_model(model, feeds, THREADS, RUNS, WARMUP)
+    return median_s, out[0]
 
 
 def layer_rows() -> list[dict]:

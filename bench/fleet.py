@@ -125,7 +125,7 @@ def report(r: dict) -> None:
     rows = ["| measurement | value |", "|---|---:|"]
     o = r.get("ray_overhead")
     if o:
-        for k, v in o.items():
+        for k, v in ((k, v) for k, v in o.items() if isinstance(v, dict)):  # not its stamp
             rows.append(f"| Ray, an empty task ({OVERHEAD_LABELS.get(k, k)}, {v['tasks']} tasks "
                         f"on 2 CPUs): CPU-seconds a task | {v['cpu_s_per_task']:.3f} s |")
     for name in ("throughput_1", "throughput_2", "throughput_1_one_core"):

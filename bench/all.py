@@ -33,14 +33,17 @@ LOGS = ROOT / ".cache" / "results-logs"
 
 
 def read_progress(code: str, fresh: bool) -> dict:
-    """The finished steps of a run on `code`; an empty record for other code or --fresh."""
+    """The finished steps of a run on `code`; none for other code or --fresh. The time each
+    step last took ("elapsed_s", on whatever code) is kept for the estimates."""
     old = json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else None
     if old and not fresh and old.get("code") == code:
-        return old
+        return {"elapsed_s": {}, **old}
     if old and not fresh:
         print(f"bench/results/progress.json is of code {old.get('code')}; this is {code}: "
               "starting from the first step", flush=True)
-    return {"code": code, "started": now(), "steps": {}}
+    last = {**(old or {}).get("elapsed_s", {}),
+            **{k: v["elapsed_s"] for k, v in (old or {}).get("steps", {}).items()}}
+    return {"code": code, "started": now(), "steps": {}, "elapsed_s": last}
 
 
 def now() -> str:
@@ -85,6 +88,7 @@ def measure(steps: list[Step], progress: dict) -> int:
                   "Mend it and run again: finished steps are kept.", file=sys.stderr)
             return 1
         progress["steps"][step.name] = {"elapsed_s": round(elapsed_s, 1), "finished": now()}
+        progress["elapsed_s"][step.name] = round(elapsed_s, 1)
         write_progress(progress)
     return 0
 
@@ -104,8 +108,9 @@ def rebuild(steps: list[Step]) -> int:
 
 
 def estimate_min(step: Step, progress: dict | None) -> float:
-    done = (progress or {}).get("steps", {}).get(step.name)
-    return done["elapsed_s"] / 60 if done else step.estimate_min
+    """The step's time the last run measured (on any code), else bench/steps.py's estimate."""
+    last = (progress or {}).get("elapsed_s", {}).get(step.name)
+    return last / 60 if last is not None else step.estimate_min
 
 
 def listing(steps: list[Step], progress: dict) -> list[str]:
@@ -115,8 +120,8 @@ def listing(steps: list[Step], progress: dict) -> list[str]:
         lines.append(f"{s.name:42} {estimate_min(s, progress):6.0f} min  {state:18} "
                      f"{' '.join(s.argv())}{'  (--full)' if s.full else ''}")
     total = sum(estimate_min(s, progress) for s in steps)
-    lines.append(f"{len(steps)} steps, about {total / 60:.1f} h on 2 cores (measured times "
-                 "where a run recorded them, else estimates)")
+    lines.append(f"{len(steps)} steps, about {total / 60:.1f} h on 2 cores (each step's time as "
+                 "last measured where a run recorded it, else its estimate)")
     return lines
 
 

@@ -75,10 +75,10 @@ def _personalise() -> list[Step]:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("demo", "demo.py", (), 8, ("--report",), writes=("demo",)),
-    Step("scenarios", "scenarios.py", (), 10, ("--report",), writes=("scenarios",)),
+    Step("demo", "demo.py", (), 2, ("--report",), writes=("demo",)),
+    Step("scenarios", "scenarios.py", (), 5, ("--report",), writes=("scenarios",)),
     Step("gradkernels", "gradkernels.py", (), 1, ("--report",), writes=("gradkernels",)),
-    Step("nchwc", "nchwc.py", (), 10, ("--report",), writes=("nchwc",)),
+    Step("nchwc", "nchwc.py", (), 30, ("--report",), writes=("nchwc",)),
     Step("convbn", "convbn.py", (), 4, ("--report",), writes=("convbn",)),
     Step("sparse", "sparse.py", (), 2, ("--report",), writes=("sparse",)),
     Step("update-plans", "update_plans.py", (), 5, ("--report",), writes=("update_plans",)),
@@ -95,7 +95,7 @@ STEPS: tuple[Step, ...] = (
     Step("eager-race", "eager_race.py", (), 60, ("--report",),
          writes=("eager_race",)),
     Step("feed-paths", "feed_paths.py", (), 2, ("--report",), writes=("feed_paths",)),
-    Step("fleet", "fleet.py", (), 15, ("--report",), writes=("fleet",)),
+    Step("fleet", "fleet.py", (), 21, ("--report",), writes=("fleet",)),
     Step("reset", "reset.py", (), 8, ("--report",), writes=("reset",)),
     Step("dst", "dst.py", (), 15, ("--report",), writes=("dst",)),
     *_personalise(),

@@ -11,13 +11,13 @@ from what its source gives today).
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
 from common import RESULTS, ROOT, load_results, read_stamped, replace_table, row_stamps
+from personalise import read_rows
 from steps import STEPS
 
 DOC = ROOT / "docs" / "results.md"
@@ -149,9 +149,7 @@ def commits_of(name: str) -> set[str]:
     doc = read_stamped(name)
     if doc is not None:
         return {s["commit"] or "not recorded" for s in row_stamps(doc)}
-    path = RESULTS / f"{name}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return {r.get("commit") or "not recorded" for r in rows}
+    return {r.get("commit") or "not recorded" for r in read_rows(RESULTS / f"{name}.jsonl")}
 
 
 def provenance_line() -> str:

@@ -24,17 +24,24 @@ it makes the guard rank the adapted start as it ranks every trained candidate (b
 
 Rows are appended to bench/results/personalise-<dataset>-<protocol>-<tier>.jsonl as they
 finish, each with the commit, date and machine; a stopped run continues where it stopped, and
-rows of another commit are measured again unless --keep-old.
+rows of another commit are measured again unless --keep-old. Two runs go at a time, one ORT
+thread each (nothing here is timed: the tables give accuracy and allocator bytes). A fold's
+artifact is kept in .cache/personalise-folds/, named by its export command and the code commit,
+so the recipes of one tier share their five exports (uncommitted code exports afresh).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common import ROOT, command_line, run, stamp
+from common import ROOT, code_commit, command_line, run, stamp
 from device_sim.profiles import TIER_PLANS
 from edgetrain.manifest import SAVED_ACTIVATIONS
 
@@ -56,6 +63,8 @@ RECIPES = {"default": [],
 # the modes a recipe can run (default: all): without adaptation, label-free has nothing to do
 RECIPE_MODES = {"no-adapt": ("1 label/class", "5 labels/class", "all labels")}
 RESULTS = ROOT / "bench" / "results"
+FOLDS = ROOT / ".cache" / "personalise-folds"  # fold artifacts, by export command and code
+PARALLEL_RUNS = 2  # personalisation runs at once, one ORT thread each
 TUNING_USERS = {"hapt": (1, 2, 3, 4, 5, 6), "watch": (10,)}
 RECIPE_CHOSEN_ON = ("the defaults on watch-data user 10 (docs/concepts.md); BatchNorm "
                     "adaptation before training on HAPT users 1-6; the guard's loss rule for it "
@@ -102,11 +111,32 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def export_fold(dataset: str, tier: Tier, users: tuple[int, ...], out: Path) -> None:
-    run("export", *TIER_PLANS[tier.device].export_args(), "--dataset", dataset,
-        "--saved-activations", tier.saved_activations,
-        "--holdout-user", str(users[0]), "--also-holdout", ",".join(map(str, users[1:])),
-        "--threads", str(tier.threads), "--out", str(out), "--json")
+def export_args(dataset: str, tier: Tier, users: tuple[int, ...]) -> list[str]:
+    return ["export", *TIER_PLANS[tier.device].export_args(), "--dataset", dataset,
+            "--saved-activations", tier.saved_activations, "--holdout-user", str(users[0]),
+            "--also-holdout", ",".join(map(str, users[1:])), "--threads", str(tier.threads)]
+
+
+def fold_artifact(dataset: str, tier: Tier, users: tuple[int, ...], scratch: Path) -> Path:
+    """The fold's artifact: exported once per export command and code commit and kept under
+    FOLDS (written to a scratch name, then renamed, so a stopped export leaves nothing that
+    looks finished); on uncommitted code, exported into `scratch` every run."""
+    args = export_args(dataset, tier, users)
+    code = code_commit()
+    if code.endswith("+changes"):
+        out = scratch / f"fold-{users[0]}"
+        run(*args, "--out", str(out), "--json")
+        return out
+    key = hashlib.sha256(json.dumps([code, args]).encode()).hexdigest()[:16]
+    out = FOLDS / f"{dataset}-{tier.device}-fold{users[0]}-{key}"
+    if not (out / "manifest.json").is_file():
+        FOLDS.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=FOLDS, prefix=".export-")) / "artifact"
+        run(*args, "--out", str(tmp), "--json")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        shutil.rmtree(tmp.parent)
+    return out
 
 
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,
@@ -144,25 +174,28 @@ def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bo
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = {(r["user"], r["mode"]) for r in rows}
     classes = len(datasets.recordings(dataset).classes)
-    with tempfile.TemporaryDirectory() as tmp:
+    lock = threading.Lock()
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(PARALLEL_RUNS) as pool:
         for users in folds(dataset):
             todo = [(u, m) for u in users for m in modes if (u, m) not in done]
             if not todo:
                 continue
-            art = Path(tmp) / f"fold-{users[0]}"
-            export_fold(dataset, tier, users, art)
-            for user, mode in todo:
+            art = fold_artifact(dataset, tier, users, Path(tmp))
+
+            def one(user: int, mode: str, users=users, art=art) -> None:
                 out = Path(tmp) / f"run-{user}-{mode.split()[0]}"
                 r = personalise_user(art, dataset, protocol, tier, user, mode, classes, out,
                                      recipe)
                 row = {**where, "dataset": dataset, "protocol": protocol, "tier": asdict(tier),
                        "network": tier.label, "fold": list(users), "user": user, "mode": mode,
                        "recipe": recipe, "recipe_chosen_on": RECIPE_CHOSEN_ON, **r}
-                with open(path, "a") as f:
+                with lock, open(path, "a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(json.dumps({k: row[k] for k in ("user", "mode", "accuracy_before",
-                                                      "accuracy_after", "train_time_s")}),
-                      flush=True)
+                    print(json.dumps({k: row[k] for k in ("user", "mode", "accuracy_before",
+                                                          "accuracy_after")}), flush=True)
+
+            for job in [pool.submit(one, u, m) for u, m in todo]:
+                job.result()  # a failed run stops the bench (its rows so far are kept)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ RECIPES = {
     "imu_cnn": NetRecipe("imu_cnn", epochs=8, batch=64, lr=3e-3, dst_epochs=0),
 }
 UPDATE_DEVICES = {"mcu-2mb": 2 * 1024 * 1024}  # budgets an `auto:<device>` update plan fits
+# Configurations whose network has population models for a data set with sessions: their
+# accuracy is measured there, on the later session of every user (a population model per fold
+# of held-out users, bench/personalise.py's folds), not on the watch data's other arm.
+CROSS_SESSION = {"C8": ("hapt", "later-session")}
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,37 @@ def pretrain_config(network: str, sparse: bool):
     return PretrainConfig(model=network, width=1.0 if network != "imu_cnn" else None, holdout_user=HELD_OUT_USERS[-1],
                           also_held_out=HELD_OUT_USERS[:-1], epochs=r.epochs, batch=r.batch,
                           lr=r.lr, dst=dst)
+
+
+def session_pretrain_config(c: "StackConfig", fold: tuple[int, ...]):
+    """The population model of `c`'s network for one fold of its cross-session data set: the
+    stack's recipe for the network, pretrained on every other user of that data set."""
+    from exporters.models.pretrain import PretrainConfig
+
+    assert not c.sparse, "cross-session rows are dense networks"
+    r = RECIPES[c.network]
+    return PretrainConfig(model=c.network, width=None, holdout_user=fold[0],
+                          also_held_out=fold[1:], epochs=r.epochs, batch=r.batch, lr=r.lr,
+                          dataset=CROSS_SESSION[c.name][0])
+
+
+def session_folds(c: "StackConfig") -> tuple[tuple[int, ...], ...]:
+    from personalise import folds
+
+    return folds(CROSS_SESSION[c.name][0])
+
+
+def test_users(c: "StackConfig") -> tuple[int, ...]:
+    """The users `c`'s accuracy is measured on: every user of its cross-session data set, or
+    the watch data's held-out users."""
+    if c.name in CROSS_SESSION:
+        return tuple(u for fold in session_folds(c) for u in fold)
+    return HELD_OUT_USERS
+
+
+def personalise_name(c: "StackConfig", user: int) -> str:
+    where = f"-{CROSS_SESSION[c.name][0]}" if c.name in CROSS_SESSION else ""
+    return f"personalise-{c.personalise_key()}{where}-user{user}"
 
 
 def recipe_hash(c: StackConfig, personalise: dict, **extra) -> str:

@@ -6,9 +6,10 @@ import statistics
 from pathlib import Path
 
 from common import ROOT, replace_table, save_results
+from stack_accuracy import accuracy_table, delta_cell, gain, protocol
 from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATES, PROFILE,
-                          RECIPES, STACK, chosen_lr, saved, sweep_name, sweep_table)
-
+                          RECIPES, STACK, chosen_lr, personalise_name, saved, sweep_name,
+                          sweep_table, test_users)
 
 def rows() -> list[dict]:
     """One row per configuration whose every stage has a saved result (others are pending)."""
@@ -16,12 +17,13 @@ def rows() -> list[dict]:
     for c in STACK:
         k = c.key()
         ex, me, pe, fi = (saved(f"{s}-{k}") for s in ("export", "measure", "peer", "fit"))
-        per_user = {u: saved(f"personalise-{c.personalise_key()}-user{u}")
-                    for u in HELD_OUT_USERS}
+        users = test_users(c)
+        per_user = {u: saved(personalise_name(c, u)) for u in users}
         if None in (ex, me, pe, fi) or None in per_user.values():
             continue
-        after = [per_user[u]["accuracy_after"] for u in HELD_OUT_USERS]
-        before = [per_user[u]["accuracy_before"] for u in HELD_OUT_USERS]
+        runs = [per_user[u] for u in users]
+        after = [r["accuracy_after"] for r in runs]
+        before = [r["accuracy_before"] for r in runs]
         per_window = c.items_per_window
         fit_batch = fi["max_batch"]
         out.append({
@@ -36,13 +38,16 @@ def rows() -> list[dict]:
             "process_peak_rss_bytes": me["process_peak_rss_bytes"],
             "step_time_s": me["step_time_s"],
             "throughput_windows_per_s": round(EFFECTIVE_BATCH / me["step_time_s"], 3),
+            "protocol": protocol(c.name), "users": list(users), "gain": gain(runs),
+            "runs": [{k: r.get(k) for k in ("test_correct_before", "test_correct_after",
+                                            "test_recordings")} for r in runs],
             "accuracy_before": before, "accuracy_after": after,
             "accuracy_after_mean": round(statistics.mean(after), 4),
             "accuracy_before_mean": round(statistics.mean(before), 4),
-            "inference_agreement": [per_user[u]["inference_agreement"] for u in HELD_OUT_USERS],
-            "optimizer_steps": per_user[HELD_OUT_USERS[0]]["optimizer_steps"],
-            "mask_updates": per_user[HELD_OUT_USERS[0]]["mask_updates"],
-            "personalise_time_s": [per_user[u]["train_time_s"] for u in HELD_OUT_USERS],
+            "inference_agreement": [r["inference_agreement"] for r in runs],
+            "optimizer_steps": [r["optimizer_steps"] for r in runs],
+            "mask_updates": [r["mask_updates"] for r in runs],
+            "personalise_time_s": [r["train_time_s"] for r in runs],
             "fit_profile": PROFILE, "fit_max_micro_batch": fit_batch,
             "fit_peak_bytes": fi["peak_bytes"],
             "fit_throughput_windows_per_s": (round(fi["throughput_samples_per_s"] / per_window, 3)
@@ -64,13 +69,12 @@ def mb(n: int | None) -> str:
 def tables(rs: list[dict]) -> dict[str, list[str]]:
     c1 = next((r for r in rs if r["config"] == "C1"), None)  # None: C1 still pending
     main = ["| config | network, technique | micro-batch × steps | measured peak (MB) | vs C1 "
-            "| accuracy after (mean of 3) | Δ vs C1 (points) | step time (s) "
+            "| accuracy after (mean over users) | Δ vs C1 (points, 95% interval) | step time (s) "
             "| throughput (windows/s) | PyTorch peak RSS (MB) | PyTorch step time (s) |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         cut = f"{c1['peak_bytes'] / r['peak_bytes']:,.1f}×" if c1 else "–"
-        delta = f"{100 * (r['accuracy_after_mean'] - c1['accuracy_after_mean']):+.1f}" if c1 \
-            else "–"
+        delta = delta_cell(r, c1)
         main.append(
             f"| {r['config']} | {r['network']}, {r['summary']} | {r['micro_batch']} × "
             f"{r['accumulation']} | {mb(r['peak_bytes'])} | {cut} "
@@ -83,12 +87,7 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
         parts.append(f"| {r['config']} | {mb(b['parameters'])} | {mb(b['gradients'])} "
                      f"| {mb(b['optimizer_state'])} | {mb(b['activations'])} | {mb(b['other'])} "
                      f"| {mb(r['peak_bytes'])} | {mb(r['process_peak_rss_bytes'])} |")
-    acc = ["| config | " + " | ".join(f"user {u} before → after" for u in HELD_OUT_USERS)
-           + " | optimizer steps | mask updates |", "|---|" + "---:|" * (len(HELD_OUT_USERS) + 2)]
-    for r in rs:
-        acc.append(f"| {r['config']} | " + " | ".join(
-            f"{b:.3f} → {a:.3f}" for b, a in zip(r["accuracy_before"], r["accuracy_after"]))
-            + f" | {r['optimizer_steps']} | {r['mask_updates']} |")
+    acc = accuracy_table(rs)
     fit = [f"| config | largest micro-batch under {PROFILE} | measured peak there (MB) "
            "| throughput there (windows/s) |", "|---|---:|---:|---:|"]
     for r in rs:
@@ -170,8 +169,8 @@ def plot(rs: list[dict], path: Path) -> None:
     for i, r in enumerate(rs):
         ax2.plot([i + 0.2] * len(r["accuracy_after"]), r["accuracy_after"], "k.", alpha=0.6)
     ax2.set_xticks(x, names)
-    ax2.set(ylim=(0, 1), title=f"Accuracy, users {', '.join(map(str, HELD_OUT_USERS))} "
-            "(dots: each user after)")
+    ax2.set(ylim=(0, 1), title=f"Accuracy, watch users {', '.join(map(str, HELD_OUT_USERS))}"
+            " (C8: HAPT, session 2); dots: each user after")
     ax2.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,12 +211,16 @@ def headline(rs: list[dict]) -> list[str]:
     verdict = ("meets" if cut >= 82 and drop <= 3.3 else "misses") + " the seed's bar (≥ 82× " \
         "for ≤ 3.3 points)"
     aim = ("meets" if cut >= 150 and drop <= 2 else "misses") + " the team's aim (≥ 150× for ≤ 2 points)"
+    paired = delta_cell(c6, c1)
+    within = f"; paired on the same test windows {paired}" if "[" in paired else ""
     return [
-        f"**Headline (one bench, every row from the same population models and recipes): C1 → C6 cuts the measured peak {cut:,.0f}× "
+        f"**Headline (one bench, every row from the same population models and recipes): "
+        f"C1 → C6 cuts the measured peak {cut:,.0f}× "
         f"({c1['peak_bytes']:,} → {c6['peak_bytes']:,} bytes) for an accuracy change of "
         f"{-drop:+.1f} points ({c1['accuracy_after_mean']:.3f} → "
-        f"{c6['accuracy_after_mean']:.3f}, mean over users "
-        f"{', '.join(map(str, HELD_OUT_USERS))}).** That {verdict} and {aim}.",
+        f"{c6['accuracy_after_mean']:.3f}, mean over watch users "
+        f"{', '.join(map(str, HELD_OUT_USERS))}, tested on the other arm{within}).** "
+        f"That {verdict} and {aim}.",
         "",
         f"* Memory techniques on one network (C1 → C4, ResNet-50): "
         f"{c1['peak_bytes'] / c4['peak_bytes']:,.1f}× "

@@ -12,10 +12,11 @@ from tqdm import tqdm
 
 import stack_config as cfg
 from edgetrain.atomicfile import atomic_write
-from stack_config import (ARTIFACT_LR, ARTIFACTS, DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS,
-                          LR_CANDIDATES, MASK_UPDATES, PERSONALISE, PROFILE, ROOT, STACK,
-                          VAL_FRACTION, StackConfig, chosen_lr, cli, pretrain_config, saved,
-                          sweep_name)
+from stack_config import (ARTIFACT_LR, ARTIFACTS, CROSS_SESSION, DENSITY, EFFECTIVE_BATCH,
+                          HELD_OUT_USERS, LR_CANDIDATES, MASK_UPDATES, PERSONALISE, PROFILE,
+                          ROOT, STACK, VAL_FRACTION, StackConfig, chosen_lr, cli,
+                          personalise_name, pretrain_config, saved, session_folds,
+                          session_pretrain_config, sweep_name)
 
 
 def stage_pretrain(network: str, sparse: bool) -> dict:
@@ -25,7 +26,9 @@ def stage_pretrain(network: str, sparse: bool) -> dict:
     return {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
 
 
-def stage_export(c: StackConfig) -> dict:
+def stage_export(c: StackConfig, fold: tuple[int, ...] | None = None) -> dict:
+    """The configuration's artifact from the stack's population model, or (`fold`) from the
+    model of one fold of its cross-session data set."""
     import onnxruntime
 
     from edgetrain.manifest import Plan
@@ -33,9 +36,13 @@ def stage_export(c: StackConfig) -> dict:
     from exporters.models.pretrain import export_named
 
     onnxruntime.set_default_logger_severity(3)
-    art = ARTIFACTS / c.key()
+    if fold is None:
+        art, population = ARTIFACTS / c.key(), pretrain_config(c.network, c.sparse)
+    else:
+        art = ARTIFACTS / f"{c.key()}-{CROSS_SESSION[c.name][0]}-fold{fold[0]}"
+        population = session_pretrain_config(c, fold)
     update, _, device = c.update.partition(":")
-    m = export_named(pretrain_config(c.network, c.sparse), art, ExportOptions(
+    m = export_named(population, art, ExportOptions(
         plan=Plan(micro_batch=c.micro_batch, accumulation_steps=c.accumulation),
         lr=ARTIFACT_LR, recompute=c.recompute, update=None if update == "all" else update,
         update_budget_bytes=cfg.UPDATE_DEVICES.get(device)), show_progress=False)
@@ -61,10 +68,33 @@ def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str
 
 
 def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
+    """One test user's run: the watch data's other arm, or the later session of the
+    configuration's cross-session data set (CROSS_SESSION)."""
     lr = chosen_lr(c)
     assert lr is not None, f"{c.name}: personalisation before its learning-rate sweep"
-    out = ARTIFACTS / "runs" / f"{c.personalise_key()}-user{user}"
-    return cli(*personalise_args(c, art, out, lr), "--user", str(user))
+    out = ARTIFACTS / "runs" / personalise_name(c, user).removeprefix("personalise-")
+    where = ["--dataset", CROSS_SESSION[c.name][0], "--protocol", CROSS_SESSION[c.name][1]] \
+        if c.name in CROSS_SESSION else []
+    return cli(*personalise_args(c, art, out, lr), *where, "--user", str(user))
+
+
+def fold_export_name(c: StackConfig, fold: tuple[int, ...]) -> str:
+    return f"export-{c.key()}-{CROSS_SESSION[c.name][0]}-fold{fold[0]}"
+
+
+def test_runs(c: StackConfig):
+    """(name, function) of the configuration's test-user runs (and their folds' exports)."""
+    if c.name not in CROSS_SESSION:
+        for u in HELD_OUT_USERS:
+            yield personalise_name(c, u), lambda c=c, u=u: stage_personalise(
+                c, saved(f"export-{c.key()}")["artifact"], u)
+        return
+    for fold in session_folds(c):
+        name = fold_export_name(c, fold)
+        yield name, lambda c=c, fold=fold: stage_export(c, fold)
+        for u in fold:
+            yield personalise_name(c, u), lambda c=c, u=u, name=name: stage_personalise(
+                c, saved(name)["artifact"], u)
 
 
 def validation_files(user: int) -> tuple[Path, Path]:
@@ -151,9 +181,7 @@ def tasks(only: str | None, network: str | None = None):
                     yield sweep_name(rep, lr, u), lambda c=rep, lr=lr, u=u: stage_lrsweep(
                         c, saved(f"export-{c.key()}")["artifact"], lr, u)
         for c in group:  # names resolve once the sweep is saved (main() re-lists tasks)
-            for u in HELD_OUT_USERS:
-                yield f"personalise-{c.personalise_key()}-user{u}", lambda c=c, u=u: \
-                    stage_personalise(c, saved(f"export-{c.key()}")["artifact"], u)
+            yield from test_runs(c)
         # Timed stages after the group's personalisation runs, so nothing else of the
         # bench runs on the machine while they time.
         for c in group:

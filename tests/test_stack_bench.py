@@ -10,6 +10,7 @@ import torch
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
+import stack_accuracy  # noqa: E402
 import stack_config  # noqa: E402
 import stack_report  # noqa: E402
 import stack_stages  # noqa: E402
@@ -49,7 +50,48 @@ def test_the_stack_adds_one_technique_at_a_time():
 
 def row(peak: int, acc: float, config: str) -> dict:
     return {"config": config, "network": "net", "summary": config, "peak_bytes": peak,
-            "accuracy_after_mean": acc, "step_time_s": 1.0, "torch_step_time_s": 1.0}
+            "accuracy_after_mean": acc, "step_time_s": 1.0, "torch_step_time_s": 1.0,
+            "protocol": stack_accuracy.protocol(config), "users": [8, 9, 10], "runs": []}
+
+
+def run(before: str, after: str, recordings: list[int]) -> dict:
+    return {"test_correct_before": before, "test_correct_after": after,
+            "test_recordings": recordings}
+
+
+def test_rows_are_compared_with_c1_on_the_same_test_windows_only():
+    """Against C1: paired on the same users' windows, with an interval over recordings; a
+    row tested elsewhere (C8 on HAPT's later session) is not compared at all."""
+    c1 = {**row(100, 1.0, "C1"), "users": [8], "runs": [run("0000", "1111", [0, 0, 1, 1])]}
+    c6 = {**row(1, 0.75, "C6"), "users": [8], "runs": [run("0000", "1101", [0, 0, 1, 1])]}
+    cell = stack_accuracy.delta_cell(c6, c1)
+    assert cell.startswith("-25.0 [-50.0, +0.0]"), cell  # recording 1 loses 1 of 2, or not
+    c8 = {**row(1, 0.9, "C8"), "users": [1, 2]}
+    assert stack_accuracy.delta_cell(c8, c1) == "– (other test)"
+    assert "HAPT, later-session" in c8["protocol"] and "other arm" in c1["protocol"]
+    assert stack_accuracy.delta_cell(c6, None) == "–"
+    old = {**c6, "runs": [{"test_correct_before": None}]}  # a run from before the bits
+    assert stack_accuracy.delta_cell(old, c1) == "-25.0"
+    g = stack_accuracy.gain(c6["runs"])
+    assert (g["gain_points"], g["users"], g["recordings"]) == (75.0, 1, 2)
+
+
+def test_c8_is_tested_on_every_hapt_user_by_the_model_of_the_fold_that_left_them_out():
+    c8 = next(c for c in stack_config.STACK if c.name == "C8")
+    users = stack_config.test_users(c8)
+    assert sorted(users) == list(range(1, 31))
+    runs = list(stack_stages.test_runs(c8))
+    exports = [n for n, _ in runs if n.startswith("export-")]
+    assert len(exports) == 5 and all("-hapt-fold" in n for n in exports)
+    assert sum(n.startswith("personalise-") and "-hapt-user" in n for n, _ in runs) == 30
+    for fold in stack_config.session_folds(c8):  # the fold's export before its users' runs
+        cfg = stack_config.session_pretrain_config(c8, fold)
+        assert cfg.dataset == "hapt" and set(cfg.held_out) == set(fold)
+        first = [n for n, _ in runs].index(stack_stages.fold_export_name(c8, fold))
+        assert all([n for n, _ in runs].index(stack_config.personalise_name(c8, u)) > first
+                   for u in fold)
+    c6 = next(c for c in stack_config.STACK if c.name == "C6")
+    assert stack_config.test_users(c6) == stack_config.HELD_OUT_USERS
 
 
 @pytest.mark.parametrize("c6_peak, c6_acc, verdict", [

@@ -1,0 +1,82 @@
+"""The stack's accuracy figures: which test each row's accuracy comes from, the gain over its
+users with a 95% interval that resamples users and their test recordings
+(edgetrain/intervals.py), and each row against C1 on the same test windows (see bench/stack.py)."""
+from __future__ import annotations
+
+from edgetrain.intervals import UserTest, gain_interval
+from stack_config import CROSS_SESSION
+
+OTHER_ARM = "watch data, other arm (stress: personalised on one arm, tested on the other)"
+
+
+def protocol(config: str) -> str:
+    if config in CROSS_SESSION:
+        dataset, name = CROSS_SESSION[config]
+        return f"{dataset.upper()}, {name} (personalised on session 1, tested on session 2)"
+    return OTHER_ARM
+
+
+def user_test(run: dict, after: str = "test_correct_after") -> UserTest | None:
+    """A personalisation run's test windows (which were right, per recording), if it says."""
+    if not run.get("test_correct_before") or not run.get("test_recordings"):
+        return None
+    return UserTest.of(run["test_correct_before"], run[after], run["test_recordings"])
+
+
+def gain(runs: list[dict]) -> dict | None:
+    """Mean gain over the runs' users with a 95% interval resampling users and recordings."""
+    tests = [user_test(r) for r in runs]
+    return None if not tests or None in tests else gain_interval(tests).to_dict()
+
+
+def against(base: list[dict], runs: list[dict]) -> dict | None:
+    """Accuracy after personalising, `runs` minus `base` on the same users' same test windows:
+    the paired interval of the difference (users and recordings resampled)."""
+    if not runs or len(base) != len(runs):
+        return None
+    tests = []
+    for b, r in zip(base, runs):
+        if None in (user_test(b), user_test(r)) or b["test_recordings"] != r["test_recordings"]:
+            return None
+        tests.append(UserTest.of(b["test_correct_after"], r["test_correct_after"],
+                                 r["test_recordings"]))
+    return gain_interval(tests).to_dict()
+
+
+def interval(g: dict | None) -> str:
+    return "–" if g is None else \
+        f"{g['gain_points']:+.1f} [{g['low_points']:+.1f}, {g['high_points']:+.1f}]"
+
+
+def delta_cell(r: dict, c1: dict | None) -> str:
+    """Row `r` against C1 after personalisation, in points: paired on the same test windows
+    with its interval where both rows say which windows they got right; "other test" where the
+    rows are not measured on the same users."""
+    if c1 is None:
+        return "–"
+    if r["protocol"] != c1["protocol"] or r["users"] != c1["users"]:
+        return "– (other test)"
+    paired = against(c1["runs"], r["runs"])
+    if paired is None:
+        return f"{100 * (r['accuracy_after_mean'] - c1['accuracy_after_mean']):+.1f}"
+    return interval(paired)
+
+
+def spread(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
+def accuracy_table(rs: list[dict]) -> list[str]:
+    lines = ["| config | tested on | users (test recordings) | accuracy before → after "
+             "| gain, points (95% interval) | users below their start | optimizer steps "
+             "| mask updates |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        g = r["gain"]
+        below = sum(a < b - 1e-9 for a, b in zip(r["accuracy_after"], r["accuracy_before"]))
+        recordings = f" ({g['recordings']})" if g else ""
+        lines.append(f"| {r['config']} | {r['protocol']} | {len(r['users'])}{recordings} "
+                     f"| {r['accuracy_before_mean']:.3f} → {r['accuracy_after_mean']:.3f} "
+                     f"| {interval(g)} | {below} | {spread(r['optimizer_steps'])} "
+                     f"| {spread(r['mask_updates'])} |")
+    return lines

@@ -26,8 +26,11 @@ the learning-rate sweeps are reused:
                held-out user, trained on the first 75% of the user's personalisation-arm
                recordings and validated on the rest (never the test arm); the best mean wins
   personalise  `edgetrain personalise --json` on each held-out user (8, 9, 10): accuracy on
-               the user's other-arm test windows, before and after. Two runs at a time, one
-               ORT thread each; `--resume`, so a run the bench was killed in continues
+               the user's other-arm test windows, before and after, and which windows were
+               right (bench/stack_accuracy.py: intervals over users and recordings). C8 also
+               on HAPT's later session, every user by the model of the fold that left them
+               out (CROSS_SESSION in bench/stack_config.py). Two runs at a time, one ORT
+               thread each; `--resume`, so a run the bench was killed in continues
   measure      `edgetrain measure --json`: peak bytes and breakdown from ORT's allocator, and
                the step time, at the configuration's micro-batch x accumulation
   fit          `edgetrain fit --device watch-app-low --json`: largest micro-batch under 64 MiB

@@ -9,11 +9,20 @@ from stack_config import CROSS_SESSION
 OTHER_ARM = "watch data, other arm (stress: personalised on one arm, tested on the other)"
 
 
-def protocol(config: str) -> str:
-    if config in CROSS_SESSION:
+def protocol(config: str, session: bool = False) -> str:
+    """What a row's accuracy was tested on: the watch data's other arm, or (`session`) the
+    later session of its cross-session data set."""
+    if session:
         dataset, name = CROSS_SESSION[config]
         return f"{dataset.upper()}, {name} (personalised on session 1, tested on session 2)"
     return OTHER_ARM
+
+
+def test_summary(run: dict) -> dict:
+    """What the report keeps of a run: its accuracies and which test windows were right."""
+    return {k: run.get(k) for k in ("accuracy_before", "accuracy_after", "optimizer_steps",
+                                    "mask_updates", "test_correct_before",
+                                    "test_correct_after", "test_recordings")}
 
 
 def user_test(run: dict, after: str = "test_correct_after") -> UserTest | None:
@@ -67,16 +76,26 @@ def spread(values: list[int]) -> str:
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
 
+def accuracy_line(config: str, test: dict) -> str:
+    runs, g = test["runs"], test["gain"]
+    before = [r["accuracy_before"] for r in runs]
+    after = [r["accuracy_after"] for r in runs]
+    below = sum(a < b - 1e-9 for a, b in zip(after, before))
+    recordings = f" ({g['recordings']})" if g else ""
+    return (f"| {config} | {test['protocol']} | {len(runs)}{recordings} "
+            f"| {sum(before) / len(runs):.3f} → {sum(after) / len(runs):.3f} | {interval(g)} "
+            f"| {below} | {spread([r['optimizer_steps'] for r in runs])} "
+            f"| {spread([r['mask_updates'] for r in runs])} |")
+
+
 def accuracy_table(rs: list[dict]) -> list[str]:
+    """One line per row on the watch data's other arm (every row's test), and one more per
+    row with a cross-session data set, on its later session."""
     lines = ["| config | tested on | users (test recordings) | accuracy before → after "
              "| gain, points (95% interval) | users below their start | optimizer steps "
              "| mask updates |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
-        g = r["gain"]
-        below = sum(a < b - 1e-9 for a, b in zip(r["accuracy_after"], r["accuracy_before"]))
-        recordings = f" ({g['recordings']})" if g else ""
-        lines.append(f"| {r['config']} | {r['protocol']} | {len(r['users'])}{recordings} "
-                     f"| {r['accuracy_before_mean']:.3f} → {r['accuracy_after_mean']:.3f} "
-                     f"| {interval(g)} | {below} | {spread(r['optimizer_steps'])} "
-                     f"| {spread(r['mask_updates'])} |")
+        lines.append(accuracy_line(r["config"], r))
+        if r.get("session"):
+            lines.append(accuracy_line(r["config"], r["session"]))
     return lines

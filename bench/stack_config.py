@@ -48,9 +48,10 @@ RECIPES = {
     "imu_cnn": NetRecipe("imu_cnn", epochs=8, batch=64, lr=3e-3, dst_epochs=0),
 }
 UPDATE_DEVICES = {"mcu-2mb": 2 * 1024 * 1024}  # budgets an `auto:<device>` update plan fits
-# Configurations whose network has population models for a data set with sessions: their
-# accuracy is measured there, on the later session of every user (a population model per fold
-# of held-out users, bench/personalise.py's folds), not on the watch data's other arm.
+# Configurations whose network has population models for a data set with sessions: besides
+# the watch data's other arm (every row's test, so rows compare with C1), their gain is
+# measured there, on the later session of every user (a population model per fold of held-out
+# users, bench/personalise.py's folds): what a wearer lives through.
 CROSS_SESSION = {"C8": ("hapt", "later-session")}
 
 
@@ -144,16 +145,17 @@ def session_folds(c: "StackConfig") -> tuple[tuple[int, ...], ...]:
     return folds(CROSS_SESSION[c.name][0])
 
 
-def test_users(c: "StackConfig") -> tuple[int, ...]:
-    """The users `c`'s accuracy is measured on: every user of its cross-session data set, or
-    the watch data's held-out users."""
-    if c.name in CROSS_SESSION:
-        return tuple(u for fold in session_folds(c) for u in fold)
-    return HELD_OUT_USERS
+def session_users(c: "StackConfig") -> tuple[int, ...]:
+    """Every user of `c`'s cross-session data set (none when `c` has none)."""
+    if c.name not in CROSS_SESSION:
+        return ()
+    return tuple(u for fold in session_folds(c) for u in fold)
 
 
-def personalise_name(c: "StackConfig", user: int) -> str:
-    where = f"-{CROSS_SESSION[c.name][0]}" if c.name in CROSS_SESSION else ""
+def personalise_name(c: "StackConfig", user: int, session: bool = False) -> str:
+    """A test run's result name: the watch data's other arm, or (`session`) the later session
+    of `c`'s cross-session data set."""
+    where = f"-{CROSS_SESSION[c.name][0]}" if session else ""
     return f"personalise-{c.personalise_key()}{where}-user{user}"
 
 

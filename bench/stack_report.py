@@ -6,10 +6,10 @@ import statistics
 from pathlib import Path
 
 from common import ROOT, replace_table, save_results
-from stack_accuracy import accuracy_table, delta_cell, gain, protocol
+from stack_accuracy import accuracy_table, delta_cell, gain, protocol, test_summary
 from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATES, PROFILE,
-                          RECIPES, STACK, chosen_lr, personalise_name, saved, sweep_name,
-                          sweep_table, test_users)
+                          RECIPES, STACK, chosen_lr, personalise_name, saved, session_users,
+                          sweep_name, sweep_table)
 
 def rows() -> list[dict]:
     """One row per configuration whose every stage has a saved result (others are pending)."""
@@ -17,11 +17,11 @@ def rows() -> list[dict]:
     for c in STACK:
         k = c.key()
         ex, me, pe, fi = (saved(f"{s}-{k}") for s in ("export", "measure", "peer", "fit"))
-        users = test_users(c)
-        per_user = {u: saved(personalise_name(c, u)) for u in users}
-        if None in (ex, me, pe, fi) or None in per_user.values():
+        users = HELD_OUT_USERS
+        runs = [saved(personalise_name(c, u)) for u in users]
+        session = [saved(personalise_name(c, u, True)) for u in session_users(c)]
+        if None in (ex, me, pe, fi) or None in runs or None in session:
             continue
-        runs = [per_user[u] for u in users]
         after = [r["accuracy_after"] for r in runs]
         before = [r["accuracy_before"] for r in runs]
         per_window = c.items_per_window
@@ -39,8 +39,10 @@ def rows() -> list[dict]:
             "step_time_s": me["step_time_s"],
             "throughput_windows_per_s": round(EFFECTIVE_BATCH / me["step_time_s"], 3),
             "protocol": protocol(c.name), "users": list(users), "gain": gain(runs),
-            "runs": [{k: r.get(k) for k in ("test_correct_before", "test_correct_after",
-                                            "test_recordings")} for r in runs],
+            "runs": [test_summary(r) for r in runs],
+            "session": session and {"protocol": protocol(c.name, True),
+                                    "users": list(session_users(c)), "gain": gain(session),
+                                    "runs": [test_summary(r) for r in session]},
             "accuracy_before": before, "accuracy_after": after,
             "accuracy_after_mean": round(statistics.mean(after), 4),
             "accuracy_before_mean": round(statistics.mean(before), 4),
@@ -70,8 +72,8 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
     c1 = next((r for r in rs if r["config"] == "C1"), None)  # None: C1 still pending
     main = ["| config | network, technique | micro-batch × steps | measured peak (MB) | vs C1 "
             "| accuracy after (mean over users) | Δ vs C1 (points, 95% interval) | step time (s) "
-            "| throughput (windows/s) | PyTorch peak RSS (MB) | PyTorch step time (s) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| throughput (windows/s) | PyTorch peak RSS (MB) | PyTorch step time (s) "
+            "| measured at |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rs:
         cut = f"{c1['peak_bytes'] / r['peak_bytes']:,.1f}×" if c1 else "–"
         delta = delta_cell(r, c1)
@@ -79,7 +81,8 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
             f"| {r['config']} | {r['network']}, {r['summary']} | {r['micro_batch']} × "
             f"{r['accumulation']} | {mb(r['peak_bytes'])} | {cut} "
             f"| {r['accuracy_after_mean']:.3f} | {delta} | {r['step_time_s']:.2f} | {r['throughput_windows_per_s']:.1f} "
-            f"| {mb(r['torch_peak_rss_bytes'])} | {r['torch_step_time_s']:.2f} |")
+            f"| {mb(r['torch_peak_rss_bytes'])} | {r['torch_step_time_s']:.2f} "
+            f"| {r['commit']} |")
     parts = ["| config | parameters | gradients | optimizer state | activations | other "
              "| total (MB) | edgetrain process RSS (MB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
@@ -180,8 +183,12 @@ def plot(rs: list[dict], path: Path) -> None:
 def report() -> None:
     rs = rows()
     save_results("stack", rs)
+    mixed = None if len({r["commit"] for r in rs}) <= 1 else (
+        "the stack is re-measured a network at a time (`bench/stack.py --network N`); the rows "
+        "of older commits have not been run again yet")
     for name, lines in tables(rs).items():
-        replace_table(ROOT / "docs" / "results.md", lines, name, sources=["stack"])
+        replace_table(ROOT / "docs" / "results.md", lines, name, sources=["stack"],
+                      why_mixed=mixed)
     if rs:
         plot(rs, ROOT / "docs" / "img" / "stack.png")
     done = {r["config"] for r in rs}

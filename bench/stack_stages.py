@@ -67,14 +67,14 @@ def personalise_args(c: StackConfig, art: str, out: Path, lr: float) -> list[str
     return args
 
 
-def stage_personalise(c: StackConfig, art: str, user: int) -> dict:
-    """One test user's run: the watch data's other arm, or the later session of the
-    configuration's cross-session data set (CROSS_SESSION)."""
+def stage_personalise(c: StackConfig, art: str, user: int, session: bool = False) -> dict:
+    """One test user's run: the watch data's other arm, or (`session`) the later session of
+    the configuration's cross-session data set (CROSS_SESSION)."""
     lr = chosen_lr(c)
     assert lr is not None, f"{c.name}: personalisation before its learning-rate sweep"
-    out = ARTIFACTS / "runs" / personalise_name(c, user).removeprefix("personalise-")
+    out = ARTIFACTS / "runs" / personalise_name(c, user, session).removeprefix("personalise-")
     where = ["--dataset", CROSS_SESSION[c.name][0], "--protocol", CROSS_SESSION[c.name][1]] \
-        if c.name in CROSS_SESSION else []
+        if session else []
     return cli(*personalise_args(c, art, out, lr), *where, "--user", str(user))
 
 
@@ -83,18 +83,19 @@ def fold_export_name(c: StackConfig, fold: tuple[int, ...]) -> str:
 
 
 def test_runs(c: StackConfig):
-    """(name, function) of the configuration's test-user runs (and their folds' exports)."""
+    """(name, function) of the configuration's test runs: the watch data's held-out users,
+    then, with a cross-session data set, each fold's export and its users' runs."""
+    for u in HELD_OUT_USERS:
+        yield personalise_name(c, u), lambda c=c, u=u: stage_personalise(
+            c, saved(f"export-{c.key()}")["artifact"], u)
     if c.name not in CROSS_SESSION:
-        for u in HELD_OUT_USERS:
-            yield personalise_name(c, u), lambda c=c, u=u: stage_personalise(
-                c, saved(f"export-{c.key()}")["artifact"], u)
         return
     for fold in session_folds(c):
         name = fold_export_name(c, fold)
         yield name, lambda c=c, fold=fold: stage_export(c, fold)
         for u in fold:
-            yield personalise_name(c, u), lambda c=c, u=u, name=name: stage_personalise(
-                c, saved(name)["artifact"], u)
+            yield personalise_name(c, u, True), lambda c=c, u=u, name=name: \
+                stage_personalise(c, saved(name)["artifact"], u, True)
 
 
 def validation_files(user: int) -> tuple[Path, Path]:

@@ -206,6 +206,17 @@ def report() -> None:
     print("\n".join(lines))
 
 
+def provenance(rs: list[dict]) -> str:
+    """Where the rows come from: one commit, or which rows each commit measured."""
+    by: dict[str, list[str]] = {}
+    for r in rs:
+        by.setdefault(r.get("commit") or "not recorded", []).append(r["config"])
+    if len(by) <= 1:
+        return "one bench, every row from the same population models and recipes"
+    return "rows of " + str(len(by)) + " commits: " + "; ".join(
+        f"{', '.join(names)} at {commit}" for commit, names in by.items())
+
+
 def headline(rs: list[dict]) -> list[str]:
     """The acceptance figures, computed from the rows (seed: >= 82x for <= 3.3 points)."""
     by = {r["config"]: r for r in rs}
@@ -221,7 +232,7 @@ def headline(rs: list[dict]) -> list[str]:
     paired = delta_cell(c6, c1)
     within = f"; paired on the same test windows {paired}" if "[" in paired else ""
     return [
-        f"**Headline (one bench, every row from the same population models and recipes): "
+        f"**Headline ({provenance(rs)}): "
         f"C1 → C6 cuts the measured peak {cut:,.0f}× "
         f"({c1['peak_bytes']:,} → {c6['peak_bytes']:,} bytes) for an accuracy change of "
         f"{-drop:+.1f} points ({c1['accuracy_after_mean']:.3f} → "

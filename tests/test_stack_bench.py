@@ -117,6 +117,10 @@ def test_headline_applies_the_seed_bar(c6_peak, c6_acc, verdict):
     assert "1,000× with accuracy no lower than C1's) is met" in text
     rows[-1] = row(1, 0.97, "C8")
     assert "is missed" in "\n".join(stack_report.headline(rows))
+    assert "one bench" in text
+    rows[-1] = {**rows[-1], "commit": "abc1234"}  # a row re-measured on its own says so
+    assert "C1, C2, C3, C4, C5, C6 at not recorded; C8 at abc1234" in \
+        "\n".join(stack_report.headline(rows))
 
 
 @pytest.mark.parametrize("network", ["resnet50", "mobilenet_v1", "patch_mobilenet"])

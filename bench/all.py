@@ -41,9 +41,14 @@ def read_progress(code: str, fresh: bool) -> dict:
     if old and not fresh:
         print(f"bench/results/progress.json is of code {old.get('code')}; this is {code}: "
               "starting from the first step", flush=True)
-    last = {**(old or {}).get("elapsed_s", {}),
-            **{k: v["elapsed_s"] for k, v in (old or {}).get("steps", {}).items()}}
-    return {"code": code, "started": now(), "steps": {}, "elapsed_s": last}
+    return {"code": code, "started": now(), "steps": {}, "elapsed_s": recorded_times()}
+
+
+def recorded_times() -> dict[str, float]:
+    """Each step's time in seconds as the last run of it measured it, on whatever code."""
+    old = json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else {}
+    return {**old.get("elapsed_s", {}),
+            **{k: v["elapsed_s"] for k, v in old.get("steps", {}).items()}}
 
 
 def now() -> str:

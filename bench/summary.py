@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from all import recorded_times
 from common import RESULTS, ROOT, load_results, read_stamped, replace_table, row_stamps
 from personalise import read_rows
 from steps import STEPS
@@ -42,7 +43,7 @@ def _stack(rows: list[dict]) -> tuple[str, list]:
     return (f"C1 → C6 peak {c1['peak_bytes'] / c6['peak_bytes']:,.0f}× lower "
             f"({c1['peak_bytes'] / 1e6:,.1f} MB → {c6['peak_bytes'] / 1e6:,.1f} MB) for "
             f"{100 * (c6['accuracy_after_mean'] - c1['accuracy_after_mean']):+.1f} points "
-            "(mean of 3 held-out users)"), [c1, c6]
+            "(mean of watch users 8–10, tested on the other arm)"), [c1, c6]
 
 
 def _gain(device: str, mode: str = "all labels") -> Callable[[list[dict]], tuple[str, list]]:
@@ -169,6 +170,19 @@ def provenance_line() -> str:
             + "; ".join(parts) + ".")
 
 
+def duration_line() -> str:
+    """How long a whole `make results` takes on 2 cores: each step's time as its last run
+    measured it (bench/results/progress.json), else bench/steps.py's estimate."""
+    times = recorded_times()
+    steps = [s for s in STEPS if not s.full]
+    hours = sum(times[s.name] / 3600 if s.name in times else s.estimate_min / 60 for s in steps)
+    measured = sum(s.name in times for s in steps)
+    return (f"A whole `make results` ({len(steps)} steps; `--full` adds "
+            f"{len(STEPS) - len(steps)}) takes about {hours:.1f} h on 2 cores: {measured} "
+            f"steps' times as their last run measured them, {len(steps) - measured} "
+            "estimated (`.venv/bin/python bench/all.py --list` gives each).")
+
+
 def readme_text(text: str) -> str:
     """The README with every figure between its markers as its source gives it today."""
     known = {f.name: f for f in FIGURES}
@@ -189,7 +203,8 @@ def main(check: bool) -> int:
             print("README.md's figures differ from bench/results/: run bench/summary.py",
                   file=sys.stderr)
         return int(stale)
-    replace_table(DOC, summary_lines() + ["", provenance_line()], "summary")
+    replace_table(DOC, summary_lines() + ["", provenance_line(), "", duration_line()],
+                  "summary")
     README.write_text(readme_text(readme))
     return 0
 

@@ -27,7 +27,7 @@ def test_the_readme_figures_are_their_sources_today():
 def test_the_summary_of_results_md_is_its_sources_today():
     blocks = dict(BLOCK.findall((ROOT / "docs" / "results.md").read_text()))
     assert blocks["summary"].strip().splitlines() == summary.summary_lines() + [
-        "", summary.provenance_line()]
+        "", summary.provenance_line(), "", summary.duration_line()]
 
 
 def test_every_table_of_results_md_says_where_it_was_measured():

@@ -25,6 +25,10 @@ def rows() -> list[dict]:
         after = [r["accuracy_after"] for r in runs]
         before = [r["accuracy_before"] for r in runs]
         per_window = c.items_per_window
+        fit_commit = fi.get("commit") or "not recorded"
+        if fit_commit != (me.get("commit") or "not recorded"):  # not beside other code's row
+            fi = {"max_batch": None, "peak_bytes": None, "throughput_samples_per_s": None,
+                  "next_batch_error": None, "stale_commit": fit_commit}
         fit_batch = fi["max_batch"]
         out.append({
             "commit": me.get("commit") or "not recorded", "date": me.get("date"),
@@ -55,6 +59,7 @@ def rows() -> list[dict]:
             "fit_throughput_windows_per_s": (round(fi["throughput_samples_per_s"] / per_window, 3)
                                              if fi["throughput_samples_per_s"] else None),
             "fit_error": fi["next_batch_error"] if fit_batch == 0 else None,
+            "fit_stale_commit": fi.get("stale_commit"),
             "torch_peak_rss_bytes": pe["peak_rss_bytes"],
             "torch_rss_before_step_bytes": pe["rss_before_step_bytes"],
             "torch_step_time_s": pe["step_time_s"], "torch_note": pe["note"],
@@ -96,6 +101,10 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
     for r in rs:
         tp = r["fit_throughput_windows_per_s"]
         n = r["fit_max_micro_batch"]
+        if r.get("fit_stale_commit"):
+            fit.append(f"| {r['config']} | not re-measured at {r['commit']} (last measured at "
+                       f"{r['fit_stale_commit']}) | – | – |")
+            continue
         fit.append(f"| {r['config']} | {n or 'none: one item is over budget'} | {mb(r['fit_peak_bytes'])} "
                    f"| {'–' if tp is None else f'{tp:.1f}'} |")
     recipes = ["| network | dense epochs | DST epochs | batch | peak lr | optimizer steps "

@@ -25,11 +25,12 @@ def test_summary(run: dict) -> dict:
                                     "test_correct_after", "test_recordings")}
 
 
-def user_test(run: dict, after: str = "test_correct_after") -> UserTest | None:
+def user_test(run: dict) -> UserTest | None:
     """A personalisation run's test windows (which were right, per recording), if it says."""
     if not run.get("test_correct_before") or not run.get("test_recordings"):
         return None
-    return UserTest.of(run["test_correct_before"], run[after], run["test_recordings"])
+    return UserTest.of(run["test_correct_before"], run["test_correct_after"],
+                       run["test_recordings"])
 
 
 def gain(runs: list[dict]) -> dict | None:

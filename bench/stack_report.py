@@ -11,6 +11,7 @@ from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATE
                           RECIPES, STACK, chosen_lr, personalise_name, saved, session_users,
                           sweep_name, sweep_table)
 
+
 def rows() -> list[dict]:
     """One row per configuration whose every stage has a saved result (others are pending)."""
     out = []
@@ -51,8 +52,6 @@ def rows() -> list[dict]:
             "accuracy_after_mean": round(statistics.mean(after), 4),
             "accuracy_before_mean": round(statistics.mean(before), 4),
             "inference_agreement": [r["inference_agreement"] for r in runs],
-            "optimizer_steps": [r["optimizer_steps"] for r in runs],
-            "mask_updates": [r["mask_updates"] for r in runs],
             "personalise_time_s": [r["train_time_s"] for r in runs],
             "fit_profile": PROFILE, "fit_max_micro_batch": fit_batch,
             "fit_peak_bytes": fi["peak_bytes"],

@@ -19,6 +19,13 @@ from exporters.predictor.cost import recompute_flops, step_cost
 from exporters.predictor import predict_manifest
 from exporters.views.activationparts import masks_at_peak
 
+# Micro-batches each of fit's capped steps sums (the plan's count where smaller). A step's
+# peak is reached by its second micro-batch: later ones add into the gradient buffers the
+# first allocated and reuse its activation blocks (tests/test_fit_accumulation.py measures it),
+# so the plan's full count (1,568 one-patch micro-batches for C6) would only make each capped
+# run slower, not its peak higher. Throughput counts every sample a timed step trained.
+FIT_ACCUMULATION = 2
+
 COVERS = ("every byte ONNX Runtime allocates for the training working set: parameters, "
           "gradients, optimizer state, activations and temporaries, runtime scalars; not the "
           "interpreter or input batches (see process_peak_rss_bytes)")
@@ -85,25 +92,26 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
 def fit_report(artifact: str | Path, budget_bytes: int, steps: int = 5,
                adapt: str = "none", progress=None) -> FitResult:
     """The largest batch that trains under budget_bytes: the prediction proposes, capped runs
-    confirm (device_sim/scenario.py), replaying personalise --adapt `adapt`. progress(batch):
+    confirm (device_sim/scenario.py), replaying personalise --adapt `adapt`, each step
+    summing FIT_ACCUMULATION micro-batches (the plan's count where smaller). progress(batch):
     told as each capped run starts."""
     manifest = load_manifest(artifact)
+    accumulation = min(manifest.plan.accumulation_steps, FIT_ACCUMULATION)
 
     def predicted_peak(b: int) -> int | None:
         p = predict_manifest(artifact, manifest, b, batchnorm_stats=replays_batchnorm(
-            manifest, adapt), batchnorm_group=manifest.plan.accumulation_steps)
+            manifest, adapt), batchnorm_group=accumulation)
         return p.peak_bytes if p.complete else None
 
     def confirmed(b: int):
         if progress:
             progress(b)
         try:
-            return measure(artifact, b, budget_bytes, manifest.plan.accumulation_steps,
-                           steps=steps, adapt=adapt)
+            return measure(artifact, b, budget_bytes, accumulation, steps=steps, adapt=adapt)
         except BudgetError as e:  # the error fit reports says what that batch needs
             raise with_predicted_need(e, artifact, b, adapt=adapt) from e
 
-    return largest_batch(predicted_peak, confirmed, budget_bytes)
+    return largest_batch(predicted_peak, confirmed, budget_bytes, accumulation)
 
 
 def with_predicted_need(err: BudgetError, artifact: str | Path, micro_batch: int | None,

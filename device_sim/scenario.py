@@ -21,9 +21,11 @@ class FitResult:
     max_batch: int  # confirmed: trains at this batch (0: not even batch 1)
     peak_bytes: int | None  # measured at max_batch
     next_batch_error: str  # the BudgetError at max_batch + 1
-    step_time_s: float | None  # measured at max_batch, on this machine
-    throughput_samples_per_s: float | None
+    step_time_s: float | None  # measured at max_batch, on this machine: one optimizer step
+    # of accumulation_steps micro-batches
+    throughput_samples_per_s: float | None  # every sample a timed step trained, per second
     runs: int  # capped runs it took to confirm
+    accumulation_steps: int = 1  # micro-batches each capped run's steps summed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,11 +52,11 @@ def largest_predicted(predict_peak: Callable[[int], int | None], budget_bytes: i
 
 
 def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int], object],
-                  budget_bytes: int) -> FitResult:
+                  budget_bytes: int, accumulation_steps: int = 1) -> FitResult:
     """The largest batch that trains under budget_bytes, confirmed by capped runs.
 
-    run(b) trains capped at the budget and returns a measurement (peak_bytes, step_time_s) or
-    raises BudgetError. predict_peak(b) is the static prediction, or None where the predictor
+    run(b) trains capped at the budget and returns a measurement (peak_bytes, step_time_s: an
+    optimizer step of accumulation_steps micro-batches of b) or raises BudgetError. predict_peak(b) is the static prediction, or None where the predictor
     cannot size the step: then the first guess comes from two measured runs (batch 1 and 2,
     peaks linear in the batch). From the guess the search moves, by the line through the
     largest measured peaks or by doubling steps, until it holds a batch proven to fit and one
@@ -129,8 +131,9 @@ def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int]
         halved = hi - lo <= width // 2
     if lo == 0:
         return FitResult(budget_bytes, predicted, 0, None, str(results[1]), None, None,
-                         len(results))
+                         len(results), accumulation_steps)
     m = results[lo]
     nxt = str(results[hi]) if hi in results else f"batch {hi} is beyond the search's limit"
     return FitResult(budget_bytes, predicted, lo, m.peak_bytes, nxt, m.step_time_s,
-                     round(lo / m.step_time_s, 2), len(results))
+                     round(lo * accumulation_steps / m.step_time_s, 2), len(results),
+                     accumulation_steps)

@@ -45,6 +45,13 @@ def test_confirmed_batch_fits_and_next_fails(true, predicted, expected_pred):
     assert r.runs == len(calls) and 90 in calls and 91 in calls
 
 
+def test_throughput_counts_every_micro_batch_a_step_sums():
+    predict, run, _ = make(100, 100)
+    r = largest_batch(predict, run, 10_000, accumulation_steps=3)
+    assert r.max_batch == 90 and r.accumulation_steps == 3
+    assert r.throughput_samples_per_s == pytest.approx(90 * 3 / 0.01)
+
+
 def test_nothing_fits():
     predict, run, _ = make(100_000, 100_000)
     r = largest_batch(predict, run, 10_000)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from common import ROOT, code_commit, command_line, stamp
 from edgetrain.atomicfile import atomic_write_bytes
@@ -203,6 +205,19 @@ def current(name: str, sweep_again: bool = False) -> dict | None:
 @functools.lru_cache(maxsize=1)
 def _code() -> str:
     return code_commit()  # once a run: the code does not change under it
+
+
+def run_folder(name: str) -> Path:
+    """The run folder of one personalise run on this code: `--resume` continues a run the
+    bench was killed in, never a finished run of other code (its result would be stamped with
+    this commit). Other commits' folders of the same run are removed."""
+    runs = ARTIFACTS / "runs"
+    for old in runs.glob(f"{name}@*"):
+        if old.name != f"{name}@{_code()}":
+            shutil.rmtree(old)
+    if (runs / name).is_dir():  # a folder from before the commit was in the name
+        shutil.rmtree(runs / name)
+    return runs / f"{name}@{_code()}"
 
 
 def saved(name: str) -> dict | None:

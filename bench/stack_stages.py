@@ -72,7 +72,7 @@ def stage_personalise(c: StackConfig, art: str, user: int, session: bool = False
     the configuration's cross-session data set (CROSS_SESSION)."""
     lr = chosen_lr(c)
     assert lr is not None, f"{c.name}: personalisation before its learning-rate sweep"
-    out = ARTIFACTS / "runs" / personalise_name(c, user, session).removeprefix("personalise-")
+    out = cfg.run_folder(personalise_name(c, user, session).removeprefix("personalise-"))
     where = ["--dataset", CROSS_SESSION[c.name][0], "--protocol", CROSS_SESSION[c.name][1]] \
         if session else []
     return cli(*personalise_args(c, art, out, lr), *where, "--user", str(user))
@@ -122,7 +122,7 @@ def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
     and scaled by 1/k over the same 32 windows), fewer runtime calls. Memory is not measured
     here."""
     train, val = validation_files(user)
-    out = ARTIFACTS / "runs" / sweep_name(c, lr, user)
+    out = cfg.run_folder(sweep_name(c, lr, user))
     args = personalise_args(c, art, out, lr) + ["--data", str(train), "--test", str(val)]
     items = SWEEP_WINDOWS_PER_MICRO_BATCH * c.items_per_window
     if c.micro_batch < items:

@@ -184,3 +184,18 @@ def test_the_sweep_picks_the_best_mean_validation_accuracy_and_keys_runs_by_it(
     assert stack_config.chosen_lr(c5) == hi and c5.personalise_key() != key_lo
     c3 = next(c for c in stack_config.STACK if c.name == "C3")  # shares C2's model and sweep
     assert c3.sweep_config().name == "C2"
+
+
+def test_a_run_folder_of_other_code_is_never_resumed(tmp_path, monkeypatch):
+    """`personalise --resume` on a finished run returns its old result: the bench's folders
+    carry the code commit, and other commits' folders of the run are removed."""
+    monkeypatch.setattr(stack_config, "ARTIFACTS", tmp_path)
+    monkeypatch.setattr(stack_config, "_code", lambda: "new")
+    runs = tmp_path / "runs"
+    for old in ("C8-x-user8@old", "C8-x-user8", "C8-x-user9@old"):
+        (runs / old).mkdir(parents=True)
+        (runs / old / "result.json").write_text("{}")
+    assert stack_config.run_folder("C8-x-user8") == runs / "C8-x-user8@new"
+    assert sorted(p.name for p in runs.iterdir()) == ["C8-x-user9@old"]  # another run: kept
+    (runs / "C8-x-user8@new").mkdir()  # this code's run, killed: resumed
+    assert stack_config.run_folder("C8-x-user8").is_dir()

@@ -38,7 +38,12 @@ def command_line() -> str:
 
 
 def save_results(name: str, rows: list[dict] | dict) -> None:
-    """Write rows to bench/results/<name>.json under this run's stamp and command."""
+    """Write rows to bench/results/<name>.json under this run's stamp and command. Rows equal
+    to those the file holds leave it as it is: a report rebuilt from the same results keeps
+    the stamp of where they were made, not of when the tables were last written."""
+    old = read_stamped(name)
+    if old is not None and old["stamp"] and old["results"] == json.loads(json.dumps(rows)):
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "stamp": {**stamp(), "command": command_line()}, "results": rows}
     (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=2))

@@ -119,6 +119,17 @@ def test_a_result_file_carries_its_stamp_and_command_and_loads_as_its_rows(resul
     assert line.startswith("Measured at commit `abc1234`, 2026-11-27, a CPU, 2 cores; `")
 
 
+def test_the_same_rows_saved_again_keep_the_stamp_of_where_they_were_made(results,
+                                                                           monkeypatch):
+    common.save_results("x", [{"v": (1, 2)}])
+    monkeypatch.setattr(common, "stamp", lambda: {"commit": "fff0000", "date": "2026-11-28",
+                                                  "machine": "a CPU, 2 cores"})
+    common.save_results("x", [{"v": [1, 2]}])  # a report rebuilt from the same results
+    assert common.read_stamped("x")["stamp"]["commit"] == "abc1234"
+    common.save_results("x", [{"v": [1, 3]}])  # new results: the new stamp
+    assert common.read_stamped("x")["stamp"]["commit"] == "fff0000"
+
+
 def test_a_table_refuses_rows_of_two_commits_unless_it_says_why(results):
     common.save_results("x", [{"v": 1, "commit": "abc1234"}, {"v": 2, "commit": "fff0000"}])
     with pytest.raises(SystemExit, match="2 commits .*abc1234, fff0000"):

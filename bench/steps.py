@@ -74,6 +74,21 @@ def _personalise() -> list[Step]:
     return out
 
 
+# The stack bench a network at a time, cheapest first (bench/stack_stages.NETWORK_ORDER), each
+# through pretraining, export, learning-rate sweep, personalisation, measure, PyTorch peer and
+# fit; then its tables. Estimates from the runs of 2026-11-27 on 2 cores (imu_cnn 3 min and
+# patch_mobilenet 21 min with their population models cached; the pretraining times are
+# bench/results/stack's pretrain-* records); a run through bench/all.py replaces them.
+STACK_NETWORKS = (("imu_cnn", 10), ("patch_mobilenet", 30), ("mobilenet_v1", 40),
+                  ("resnet50", 130))
+
+
+def _stack() -> list[Step]:
+    return [*(Step(f"stack-{network}", "stack.py", ("--network", network), minutes)
+              for network, minutes in STACK_NETWORKS),
+            Step("stack", "stack.py", ("--report",), 1, ("--report",), writes=("stack",))]
+
+
 STEPS: tuple[Step, ...] = (
     Step("demo", "demo.py", (), 2, ("--report",), writes=("demo",)),
     Step("scenarios", "scenarios.py", (), 5, ("--report",), writes=("scenarios",)),
@@ -99,7 +114,7 @@ STEPS: tuple[Step, ...] = (
     Step("reset", "reset.py", (), 8, ("--report",), writes=("reset",)),
     Step("dst", "dst.py", (), 15, ("--report",), writes=("dst",)),
     *_personalise(),
-    Step("stack", "stack.py", (), 360, ("--report",), writes=("stack",)),
+    *_stack(),
 )
 
 

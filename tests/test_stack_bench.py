@@ -199,3 +199,11 @@ def test_a_run_folder_of_other_code_is_never_resumed(tmp_path, monkeypatch):
     assert sorted(p.name for p in runs.iterdir()) == ["C8-x-user9@old"]  # another run: kept
     (runs / "C8-x-user8@new").mkdir()  # this code's run, killed: resumed
     assert stack_config.run_folder("C8-x-user8").is_dir()
+
+
+def test_make_results_runs_the_stack_a_network_at_a_time_in_the_benchs_order():
+    import steps
+
+    names = [s.name for s in steps.STEPS if s.script == "stack.py"]
+    assert names == [f"stack-{n}" for n in stack_stages.NETWORK_ORDER] + ["stack"]
+    assert steps.STEPS[-1].report_args == ("--report",)

@@ -18,7 +18,8 @@ micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x
 Stages, each result saved under bench/results/stack/ as soon as it exists with the commit it
 ran at, so an interrupted run resumes where it stopped, and a result saved on other code runs
 again (common.code_commit) except the recipe: population models and, unless --sweep-again,
-the learning-rate sweeps are reused:
+the learning-rate sweeps of the same population model (a sweep's result records the model's
+cache key) are reused:
   pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):
                dense for C1, dense then DST epochs (exporters/models/dst.py) for C2-C6
   export       one artifact per configuration (.cache/stack/<config>)

@@ -168,6 +168,16 @@ def recipe_hash(c: StackConfig, personalise: dict, **extra) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:6]
 
 
+@functools.lru_cache(maxsize=None)
+def population_key(network: str, sparse: bool) -> str:
+    """The cache key of the stack's population model of `network` (its recipe and the
+    pretraining code's versions). A sweep ranks rates for one model: its result records the
+    key, and a new model (its pretraining changed) sweeps again (current)."""
+    from exporters.models.pretrain import cache_key
+
+    return cache_key(pretrain_config(network, sparse))[:8]
+
+
 def sweep_name(rep: StackConfig, lr: float, user: int) -> str:
     v = recipe_hash(rep, PERSONALISE, val_fraction=VAL_FRACTION)
     return f"lrsweep-{rep.key()}-v{v}-lr{lr:g}-user{user}"
@@ -192,13 +202,21 @@ def chosen_lr(c: StackConfig) -> float | None:
 # ---- resumable results ---------------------------------------------------------------------
 def current(name: str, sweep_again: bool = False) -> dict | None:
     """A stage's saved result if it was measured on this code (common.code_commit). The recipe
-    is reused whatever the code: the population models (pretrain, cached by their recipe) and,
-    unless `sweep_again`, the learning-rate sweeps that chose each model's rate (they rank
-    rates on validation windows; a change of code that keeps the mathematics keeps them)."""
+    is reused whatever the code while its model is the same: the population models (pretrain,
+    cached by their recipe and the pretraining code's versions) and, unless `sweep_again`, the
+    learning-rate sweeps that chose each model's rate (they rank rates on validation windows;
+    a change of code that keeps the mathematics and the model keeps them)."""
     result = saved(name)
-    reused = ("pretrain-",) + (() if sweep_again else ("lrsweep-",))
-    if result is None or name.startswith(reused):
-        return result
+    if result is None:
+        return None
+    if name.startswith("pretrain-"):
+        network, kind = name.removeprefix("pretrain-").rsplit("-", 1)
+        key = population_key(network, kind == "dst")
+        return result if Path(result["cache"]).name.startswith(f"{network}-{key}") else None
+    if name.startswith("lrsweep-") and not sweep_again:
+        c = next(c for c in STACK if name.startswith(f"lrsweep-{c.key()}-"))
+        return result if result.get("population_model") == population_key(
+            c.network, c.sparse) else None
     return result if result.get("commit") == _code() else None
 
 

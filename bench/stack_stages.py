@@ -128,7 +128,7 @@ def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
     if c.micro_batch < items:
         args += ["--micro-batch", str(items),
                  "--accumulate", str(EFFECTIVE_BATCH // SWEEP_WINDOWS_PER_MICRO_BATCH)]
-    return cli(*args)
+    return {**cli(*args), "population_model": cfg.population_key(c.network, c.sparse)}
 
 
 def stage_measure(c: StackConfig, art: str) -> dict:

@@ -207,3 +207,25 @@ def test_make_results_runs_the_stack_a_network_at_a_time_in_the_benchs_order():
     names = [s.name for s in steps.STEPS if s.script == "stack.py"]
     assert names == [f"stack-{n}" for n in stack_stages.NETWORK_ORDER] + ["stack"]
     assert steps.STEPS[-1].report_args == ("--report",)
+
+
+def test_a_sweep_or_population_model_of_another_model_is_not_reused(tmp_path, monkeypatch):
+    """A learning-rate sweep ranks rates for one population model: it is reused across code
+    only while the model (its pretraining cache key) is the same."""
+    import json
+
+    monkeypatch.setattr(stack_config, "STATE", tmp_path)
+    monkeypatch.setattr(stack_config, "population_key", lambda network, sparse: "k1")
+    c5 = next(c for c in stack_config.STACK if c.name == "C5")
+    sweep = stack_config.sweep_name(c5, 1e-4, 8)
+    (tmp_path / f"{sweep}.json").write_text(json.dumps({"population_model": "k1"}))
+    assert stack_config.current(sweep) is not None
+    (tmp_path / f"{sweep}.json").write_text(json.dumps({"population_model": "k0"}))
+    assert stack_config.current(sweep) is None
+    (tmp_path / f"{sweep}.json").write_text(json.dumps({"commit": "x"}))  # before the key
+    assert stack_config.current(sweep) is None
+    pre = "pretrain-mobilenet_v1-dst"
+    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k1.pt"}))
+    assert stack_config.current(pre) is not None
+    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k0.pt"}))
+    assert stack_config.current(pre) is None

@@ -37,11 +37,12 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", str(name), *sys.argv[1:]])
 
 
-def save_results(name: str, rows: list[dict] | dict) -> None:
-    """Write rows to bench/results/<name>.json under this run's stamp and command. Rows equal
-    to those the file holds leave it as it is: a report rebuilt from the same results keeps
-    the stamp of where they were made, not of when the tables were last written."""
-    old = read_stamped(name)
+def save_results(name: str, rows: list[dict] | dict, derived: bool = False) -> None:
+    """Write rows to bench/results/<name>.json under this run's stamp and command. `derived`
+    rows (computed from other results, as the reports do) equal to those the file holds leave
+    it as it is: a report rebuilt from the same results keeps the stamp of where they were
+    made, not of when the tables were last written. Measured rows are always stamped anew."""
+    old = read_stamped(name) if derived else None
     if old is not None and old["stamp"] and old["results"] == json.loads(json.dumps(rows)):
         return
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ def main() -> None:
     if not lines:
         raise SystemExit("no 8-bit rows: run bench/personalise.py --saved-activations int8")
     replace_table(DOC, lines[:-1], "personalise-int8")
-    save_results("personalise-int8", out)
+    save_results("personalise-int8", out, derived=True)
     print("\n".join(lines))
 
 

@@ -84,7 +84,7 @@ def main(dataset: str, protocol: str, tier: str) -> None:
             + "; ".join(picks) + ".", ""]
     block = "personalise-nested" + ("" if tier == "watchos-extension" else f"-{tier}")
     replace_table(DOC, head + lines, block)
-    save_results(block, out)
+    save_results(block, out, derived=True)
     print("\n".join(head + lines))
 
 

@@ -163,7 +163,7 @@ def main() -> None:
     replace_table(ROOT / "docs" / "devices.md", [f"Measured at {stamps_of(gate)}."
                                                  , ""] + tiers, "tier-plans")
     save_results("personalise", [{"table": "gate", **s} for s in stats]
-                 + [{"table": "context", **s} for s in cstats])
+                 + [{"table": "context", **s} for s in cstats], derived=True)
     plot(gate, stats)
 
 

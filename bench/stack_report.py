@@ -190,7 +190,7 @@ def plot(rs: list[dict], path: Path) -> None:
 
 def report() -> None:
     rs = rows()
-    save_results("stack", rs)
+    save_results("stack", rs, derived=True)
     mixed = None if len({r["commit"] for r in rs}) <= 1 else (
         "the stack is re-measured a network at a time (`bench/stack.py --network N`); the rows "
         "of older commits have not been run again yet")

@@ -121,13 +121,16 @@ def test_a_result_file_carries_its_stamp_and_command_and_loads_as_its_rows(resul
 
 def test_the_same_rows_saved_again_keep_the_stamp_of_where_they_were_made(results,
                                                                            monkeypatch):
-    common.save_results("x", [{"v": (1, 2)}])
+    common.save_results("x", [{"v": (1, 2)}], derived=True)
+    common.save_results("m", [{"v": 1}])
     monkeypatch.setattr(common, "stamp", lambda: {"commit": "fff0000", "date": "2026-11-28",
                                                   "machine": "a CPU, 2 cores"})
-    common.save_results("x", [{"v": [1, 2]}])  # a report rebuilt from the same results
+    common.save_results("x", [{"v": [1, 2]}], derived=True)  # a report of the same results
     assert common.read_stamped("x")["stamp"]["commit"] == "abc1234"
-    common.save_results("x", [{"v": [1, 3]}])  # new results: the new stamp
+    common.save_results("x", [{"v": [1, 3]}], derived=True)  # new results: the new stamp
     assert common.read_stamped("x")["stamp"]["commit"] == "fff0000"
+    common.save_results("m", [{"v": 1}])  # measured again: stamped where it was measured
+    assert common.read_stamped("m")["stamp"]["commit"] == "fff0000"
 
 
 def test_a_table_refuses_rows_of_two_commits_unless_it_says_why(results):

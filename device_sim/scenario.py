@@ -56,7 +56,8 @@ def largest_batch(predict_peak: Callable[[int], int | None], run: Callable[[int]
     """The largest batch that trains under budget_bytes, confirmed by capped runs.
 
     run(b) trains capped at the budget and returns a measurement (peak_bytes, step_time_s: an
-    optimizer step of accumulation_steps micro-batches of b) or raises BudgetError. predict_peak(b) is the static prediction, or None where the predictor
+    optimizer step of accumulation_steps micro-batches of b) or raises BudgetError.
+    predict_peak(b) is the static prediction, or None where the predictor
     cannot size the step: then the first guess comes from two measured runs (batch 1 and 2,
     peaks linear in the batch). From the guess the search moves, by the line through the
     largest measured peaks or by doubling steps, until it holds a batch proven to fit and one

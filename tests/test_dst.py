@@ -224,6 +224,7 @@ def test_pretraining_stopped_mid_epoch_resumes_from_its_last_epoch(tmp_path, mon
                                    msg=name)
 
 
+@pytest.mark.slow  # pretrains twice (about 20 s): the end-to-end tier
 def test_pretraining_cache_round_trip_leaves_no_temporaries(tmp_path, monkeypatch):
     import torch
 

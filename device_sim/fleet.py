@@ -171,8 +171,11 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
             # on every run that it had; the choice stays Ray's, the line is not the user's
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
-            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING)
+            # address "local": a new instance even where RAY_ADDRESS or Ray's record of the
+            # latest cluster (/tmp/ray/ray_current_cluster, maybe stale) names another
+            ray.init(address="local", num_cpus=workers or os.cpu_count(),
+                     include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
     try:
         if todo:
             stop = stack.enter_context(StopOnSignals())

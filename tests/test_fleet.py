@@ -60,7 +60,9 @@ def test_two_node_fleet_survives_a_killed_worker(imu_artifact, tmp_path, monkeyp
     from device_sim.fleet import run_fleet
 
     monkeypatch.setattr("device_sim.fleet.IN_FLIGHT_PER_CPU", 1)  # 2 in flight: the queue moves
-    calm = run_fleet(_spec(imu_artifact), tmp_path / "calm", workers=2)
+    with monkeypatch.context() as m:  # a stale cluster named (TEST-NET): its own local Ray
+        m.setenv("RAY_ADDRESS", "192.0.2.2:6379")
+        calm = run_fleet(_spec(imu_artifact), tmp_path / "calm", workers=2)
     assert calm.failed == [] and calm.scheduled == 6
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -20,7 +20,10 @@ def fleet(spec, out) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "edgetrain.cli", "fleet", str(spec), "--out",
                              str(out), "--workers", "2"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT),
+                                 # another cluster named (unreachable, TEST-NET): the fleet
+                                 # still starts its own local Ray, as documented
+                                 "RAY_ADDRESS": "192.0.2.2:6379"})
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import time
@@ -33,6 +32,7 @@ from device_sim.fleetproc import RunProcessDied, run_in_child
 from device_sim.fleetspec import FleetSpec, SpecError
 from device_sim.fleettask import RESULTS, result_path, run_dir, run_task
 from device_sim.profiles import PROFILES
+from device_sim.raycluster import start_ray
 from device_sim.synthusers import is_synthetic
 from edgetrain import datasets
 from edgetrain.atomicfile import atomic_write_bytes, remove_stale_temporaries
@@ -165,17 +165,7 @@ def run_fleet(spec: FleetSpec, out: str | os.PathLike, address: str | None = Non
     started = bool(todo) and not ray.is_initialized()
     stack = contextlib.ExitStack()
     if started:
-        if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:  # its own local cluster: Ray enables token authentication for it and warned
-            # on every run that it had; the choice stays Ray's, the line is not the user's
-            logging.getLogger("ray._private.authentication.authentication_token_setup"
-                              ).setLevel(logging.ERROR)
-            # address "local": a new instance even where RAY_ADDRESS or Ray's record of the
-            # latest cluster (/tmp/ray/ray_current_cluster, maybe stale) names another
-            ray.init(address="local", num_cpus=workers or os.cpu_count(),
-                     include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING)
+        start_ray(address, workers)
     try:
         if todo:
             stop = stack.enter_context(StopOnSignals())

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from edgetrain import data, hapt
+from edgetrain.datacache import cached_recordings
 from edgetrain.samples import DataError
 
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -48,6 +50,7 @@ class DataSet:
     protocol: str  # the default protocol of --user runs
     protocols: tuple[str, ...]
     summary: str
+    source: Callable[[], Path]  # the shipped file `load` decodes (the decoded cache's key)
 
 
 def _windows_of(recs: data.Recordings, index: np.ndarray) -> tuple[np.ndarray, np.ndarray,
@@ -129,9 +132,11 @@ PROTOCOL_LABELS = {
 
 DATASETS: dict[str, DataSet] = {d.name: d for d in [
     DataSet("watch", data.load_recordings, "other-arm", ("other-arm", "within-set"),
-            "smartwatch IMU, 10 subjects, 7 shoulder exercises, one session (seglearn wheel)"),
+            "smartwatch IMU, 10 subjects, 7 shoulder exercises, one session (seglearn wheel)",
+            data.imu_file),
     DataSet("hapt", hapt.load, "later-session", ("later-session",),
-            "UCI HAPT, 30 subjects, 6 activities, two sessions, waist-worn phone"),
+            "UCI HAPT, 30 subjects, 6 activities, two sessions, waist-worn phone",
+            hapt.hapt_file),
 ]}
 
 
@@ -143,8 +148,10 @@ def get(name: str) -> DataSet:
 
 @functools.lru_cache(maxsize=None)
 def recordings(name: str) -> data.Recordings:
-    """The data set's recordings (read once per process)."""
-    return get(name).load()
+    """The data set's recordings (read once per process; decoded once per machine:
+    edgetrain/datacache.py)."""
+    ds = get(name)
+    return cached_recordings(ds.name, ds.source(), ds.load)
 
 
 def protocol_of(name: str, protocol: str | None = None) -> str:

@@ -255,6 +255,9 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                        f"{f['accuracy_masked']:.3f}, masked then BatchNorm RESET "
                        f"{f['accuracy_masked_reset']:.3f} (`edgetrain reset-bn` does RESET on "
                        "the device)")
+        elif m.provenance.get("steps") == 0:
+            click.echo("  what masking costs: not measured, the network is untrained "
+                       "(--epochs 0: at chance, dense or masked)")
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward"

@@ -1,6 +1,6 @@
 """Static predictor vs the runtime's allocator: the built-in networks and the layer families.
 
-    .venv/bin/python bench/predictor.py              # about 50 minutes on 2 cores
+    .venv/bin/python bench/predictor.py              # its time: bench/all.py --list
     .venv/bin/python bench/predictor.py --batchnorm  # the statistics-pass table alone
 
 Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not change memory)
@@ -11,7 +11,7 @@ pass first (`measure --adapt bn`): each network with BatchNorm at batch 8 in ste
 micro-batches (the moments graph then), with `--batchnorm-adapt exact`, and each device
 tier's shipped plan as personalise runs it (`--adapt auto` at its micro-batch and
 accumulation). Each is measured with `edgetrain measure --json` (a fresh torch-free process
-per case). Writes bench/results/predictor.json (predictor_batchnorm.json for the last) and the
+per case), two cases at a time: the tables hold bytes only (common.side_by_side). Writes bench/results/predictor.json (predictor_batchnorm.json for the last) and the
 tables in docs/predictor.md (markers `table`, `stack`, `families`, `batchnorm`).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, load_results, replace_table, run, save_results
+from common import ROOT, load_results, replace_table, run, save_results, side_by_side
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn", "imu_transformer"]
 BATCHES = [1, 8, 32]
@@ -50,8 +50,9 @@ def measured_row(name: str, art: Path, batch: int, *extra: str) -> dict:
             "step_time_s": d["step_time_s"]}
 
 
-def family_artifacts(tmp: Path):
-    """(name, artifact folder, batch) for every layer family of the conformance test."""
+def family_artifacts(tmp: Path) -> list[tuple[str, Path, int]]:
+    """(name, artifact folder, batch) for every layer family of the conformance test, exported
+    here in turn (torch's exporter is not one to run on two threads)."""
     import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -60,6 +61,7 @@ def family_artifacts(tmp: Path):
     from edgetrain.manifest import Plan
     from exporters.export import export_artifact
 
+    out = []
     for name, case in sorted(CASES.items()):
         for batch in FAMILY_BATCHES:
             torch.manual_seed(0)
@@ -68,28 +70,40 @@ def family_artifacts(tmp: Path):
                             classes=[str(k) for k in range(CLASSES)],
                             plan=Plan(micro_batch=batch), lr=1e-2, layout=case.layout,
                             freeze_batchnorm=case.freeze_batchnorm)
-            yield name, art, batch
+            out.append((name, art, batch))
+    return out
+
+
+def network_rows(tmp: Path, net: str, only_batchnorm: bool) -> dict[str, list[dict]]:
+    """A built-in network exported untrained: its rows of the table (batch 1, 8, 32) and of
+    the cycle with a BatchNorm statistics pass first (steps of 1 and 2 micro-batches)."""
+    art = tmp / net
+    run("export", "--model", net, "--epochs", "0", "--no-cache", "--out", str(art))
+    return {"table": [] if only_batchnorm else [measured_row(net, art, b) for b in BATCHES],
+            "batchnorm": [measured_row(f"{net}, --adapt bn, steps of {k}", art,
+                                       BATCHNORM_BATCH, "--adapt", "bn", "--accumulate", str(k))
+                          for k in (1, 2) if net in BATCHNORM_NETWORKS]}
 
 
 def main(only_batchnorm: bool = False) -> None:
-    rows, stack, families = [], [], []
+    """Every case exported and measured, two at a time (side_by_side: bytes only); each job
+    gives its rows by table, and the tables keep the jobs' order."""
     with tempfile.TemporaryDirectory() as tmp:
-        for net in NETWORKS:
-            art = Path(tmp) / net
-            if only_batchnorm and net not in BATCHNORM_NETWORKS:
-                continue
-            run("export", "--model", net, "--epochs", "0", "--no-cache", "--out", str(art))
-            rows += [] if only_batchnorm else [measured_row(net, art, b) for b in BATCHES]
+        tmp = Path(tmp)
+        nets = [n for n in NETWORKS if not only_batchnorm or n in BATCHNORM_NETWORKS]
+        jobs = [lambda n=n: network_rows(tmp, n, only_batchnorm) for n in nets]
+        jobs += [lambda job=job: {"batchnorm": [job()]} for job in batchnorm_jobs(tmp)]
         if not only_batchnorm:
-            stack = [measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
-                     for c, art in stack_artifacts(Path(tmp))]
-            families = [measured_row(n, a, b) for n, a, b in family_artifacts(Path(tmp))]
-        batchnorm = list(batchnorm_rows(Path(tmp)))
-    save_results("predictor_batchnorm", batchnorm)
+            jobs += [lambda c=c: {"stack": [stack_row(tmp, c)]} for c in stack_configs()]
+            jobs += [lambda f=f: {"families": [measured_row(*f)]}
+                     for f in family_artifacts(tmp)]
+        done = side_by_side(jobs)
+    rows = {part: [r for d in done for r in d.get(part, [])]
+            for part in ("table", "batchnorm", "stack", "families")}
+    save_results("predictor_batchnorm", rows["batchnorm"])
     if not only_batchnorm:
-        save_results("predictor", [{**r, "part": part} for part, rs in
-                                   (("table", rows), ("stack", stack), ("families", families))
-                                   for r in rs])
+        save_results("predictor", [{**r, "part": part} for part in ("table", "stack", "families")
+                                   for r in rows[part]])
     report(only_batchnorm)
 
 
@@ -106,35 +120,43 @@ def report(only_batchnorm: bool = False) -> None:
         write_table([r for r in rows if r["part"] == marker], marker, "predictor")
 
 
-def batchnorm_rows(tmp: Path):
-    """The cycle with a BatchNorm statistics pass first, measured and predicted."""
+def batchnorm_jobs(tmp: Path) -> list:
+    """The rest of the cycle with a BatchNorm statistics pass first, measured and predicted:
+    `--batchnorm-adapt exact`, and each device tier's shipped plan as personalise runs it
+    (`--adapt auto` at its micro-batch and accumulation). One function per row."""
     from device_sim.profiles import TIER_PLANS
 
-    b = BATCHNORM_BATCH
-    for net in BATCHNORM_NETWORKS:  # exported by main()
-        for k in (1, 2):
-            yield measured_row(f"{net}, --adapt bn, steps of {k}", tmp / net, b,
-                               "--adapt", "bn", "--accumulate", str(k))
-    for net in EXACT_NETWORKS:
+    def exact(net: str) -> dict:
         art = tmp / f"{net}-exact"
         run("export", "--model", net, "--epochs", "0", "--no-cache", "--batchnorm-adapt",
             "exact", "--out", str(art))
-        yield measured_row(f"{net}, --batchnorm-adapt exact", art, b, "--adapt", "bn")
-    for tier in TIER_PLANS.values():
+        return measured_row(f"{net}, --batchnorm-adapt exact", art, BATCHNORM_BATCH,
+                            "--adapt", "bn")
+
+    def tier_row(tier) -> dict:
         art = tmp / f"tier-{tier.device}"
         run("export", *tier.export_args(), "--epochs", "0", "--no-cache", "--out", str(art))
-        yield measured_row(f"{tier.device}: {tier.label}", art, tier.micro_batch, "--adapt",
-                           "auto", "--accumulate", str(tier.accumulation))
+        return measured_row(f"{tier.device}: {tier.label}", art, tier.micro_batch, "--adapt",
+                            "auto", "--accumulate", str(tier.accumulation))
+
+    return ([lambda n=n: exact(n) for n in EXACT_NETWORKS]
+            + [lambda t=t: tier_row(t) for t in TIER_PLANS.values()])
 
 
-def stack_artifacts(tmp: Path):
-    """(configuration, artifact folder) for the stack rows in STACK_ROWS."""
-    from planner import export
+def stack_configs() -> list:
     from stack_config import STACK
 
-    for c in (c for c in STACK if c.name in STACK_ROWS):
-        yield c, export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
-                        c.accumulation, c.update)
+    return [c for c in STACK if c.name in STACK_ROWS]
+
+
+def stack_row(tmp: Path, c) -> dict:
+    """A stack row (sparse weights rebuilt by a recompute plan), exported as bench/planner.py
+    exports it, at its micro-batch."""
+    from planner import export
+
+    art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
+                 c.accumulation, c.update)
+    return measured_row(f"{c.name} {c.network} ({c.update})", art, c.micro_batch)
 
 
 def write_table(rows: list[dict], marker: str, source: str) -> None:

@@ -62,7 +62,7 @@ def to_arrays(recs: Recordings) -> dict[str, np.ndarray]:
             "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             "y": np.asarray(recs.y, np.int64), "subject": np.asarray(recs.subject, np.int64),
             "side": np.asarray(recs.side, np.int64),
-            "session": np.asarray(recs.sessions if recs.session is not None else [], np.int64),
+            "session": np.asarray(recs.session if recs.session is not None else [], np.int64),
             "classes": np.asarray(recs.classes, dtype=np.str_)}
 
 

@@ -90,7 +90,7 @@ test-slow: setup
 
 # Every benchmark in a fixed order, then every table of docs/ rebuilt from bench/results/
 # (bench/all.py: resumable, stamps each result with its commit; `bench/all.py --list` shows
-# the steps and their times; ARGS=--full adds the heavy optional steps).
+# the steps and their times; ARGS=--full adds the ResNet-50 rows, bench/heavy.py).
 results: setup
 	$(PY) bench/all.py $(ARGS)
 

@@ -1,6 +1,7 @@
 """What folding frozen BatchNorms into their convolutions buys (exporters/passes/convbn.py).
 
-    .venv/bin/python bench/convbn.py      # ~4 min on 2 cores
+    .venv/bin/python bench/convbn.py           # C5 and C6, about 4 min on 2 cores
+    .venv/bin/python bench/convbn.py --heavy   # C4 (ResNet-50) alone (bench/heavy.py)
 
 For three stack rows' configurations (untrained exports: time and memory do not depend on
 the weights), the same export three ways, set by exporters.passes.convbn.WEIGHT_SHARE in the
@@ -14,6 +15,7 @@ docs/results.md (marker `convbn`).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -21,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, measure_or_report, replace_table, run
+from common import ROOT, load_results, replace_table, run, save_results
+from heavy import HEAVY_HELP, is_heavy, kept_rows, why_mixed
 
 DOC = ROOT / "docs" / "results.md"
 BLOCKS = 4
@@ -79,10 +82,16 @@ def export(out: Path, args: list[str], share: str | None) -> dict:
     return json.loads(p.stdout)
 
 
-def measure() -> list[dict]:
+def network_of(row: dict) -> str:
+    return row["export"][row["export"].index("--model") + 1]
+
+
+def measure(heavy: bool) -> list[dict]:
+    """This run's part of the cases (bench/heavy.py) measured, the other part's rows kept."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for row, args, n in CASES:
+        mine = [c for c in CASES if is_heavy(network_of({"export": c[1]})) == heavy]
+        for row, args, n in mine:
             arts, found = [], {}
             for variant, share in SHARES.items():
                 art = Path(tmp) / f"{row}-{variant}"
@@ -101,7 +110,9 @@ def measure() -> list[dict]:
                 r.update(call_s=statistics.median(t), blocks_s=t)
             rows.append({"row": row, "export": args, "variants": found})
             print(json.dumps(rows[-1]), flush=True)
-    return rows
+    order = [c[0] for c in CASES]
+    return sorted(rows + kept_rows("convbn", heavy, network_of),
+                  key=lambda r: order.index(r["row"]))
 
 
 def report(rows: list[dict]) -> None:
@@ -113,8 +124,23 @@ def report(rows: list[dict]) -> None:
             lines.append(f"| {r['row']} | {variant} | {v['folded']} | {v['call_s'] * 1e3:.1f} ms | "
                          f"{v['call_s'] / base - 1:+.1%} | {v['peak_bytes']:,} | "
                          f"{v['predicted_peak_bytes'] / v['peak_bytes'] - 1:+.1%} |")
-    replace_table(DOC, lines, "convbn", sources=["convbn"])
+    replace_table(DOC, lines, "convbn", sources=["convbn"],
+                  why_mixed=why_mixed("convbn", network_of))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true",
+                    help="only rebuild the table from bench/results/convbn.json")
+    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
+    a = ap.parse_args()
+    if not a.report:
+        save_results("convbn", measure(a.heavy))
+    rows = load_results("convbn")
+    if rows is None:
+        raise SystemExit("no bench/results/convbn.json: run the bench without --report first")
+    report(rows)
 
 
 if __name__ == "__main__":
-    measure_or_report("convbn", measure, report, __doc__.splitlines()[0])
+    main()

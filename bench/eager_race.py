@@ -1,6 +1,7 @@
 """edgetrain against PyTorch eager, step for step, measured alternately in one run.
 
-    .venv/bin/python bench/eager_race.py            # ~60 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/eager_race.py            # C5-C8; continues a stopped run
+    .venv/bin/python bench/eager_race.py --heavy    # C1-C4 (ResNet-50; bench/heavy.py)
     .venv/bin/python bench/eager_race.py --report   # the table from saved results
 
 For each stack row's configuration (bench/stack_config.py; exported untrained with
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from common import ROOT, load_results, replace_table, save_results, stamp
+from heavy import HEAVY_HELP, part
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
 
@@ -109,15 +111,22 @@ def report(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the table")
+    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
     args = ap.parse_args()
     rows = load_results("eager_race", [])
     if not args.report:
-        here = stamp()["commit"]  # a stopped race continues; rows of other code are raced again
-        done = {r["config"] for r in rows if "portable_median_s" in r and r.get("commit") == here}
-        rows = [r for r in rows if r["config"] in done]
+        # a stopped race continues; rows of this part measured on other code are raced again,
+        # the other part's rows are kept as they are (each carries its stamp)
+        here = stamp()["commit"]
+        mine = {c.name for c in part(STACK, args.heavy)}
+        rows = [r for r in rows if r["config"] not in mine
+                or ("portable_median_s" in r and r.get("commit") == here)]
+        done = {r["config"] for r in rows}
+        order = [c.name for c in STACK]
         with tempfile.TemporaryDirectory() as tmp:
-            for c in (c for c in STACK if c.name not in done):
+            for c in (c for c in STACK if c.name in mine and c.name not in done):
                 rows.append(race(c, Path(tmp)))
+                rows.sort(key=lambda r: order.index(r["config"]))
                 save_results("eager_race", rows)
     report(rows)
 

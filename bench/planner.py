@@ -1,7 +1,8 @@
 """The planner against today's plan, and the latency model against measured step times.
 
-    .venv/bin/python bench/planner.py            # ~25 min on 2 cores; continues a stopped run
-    .venv/bin/python bench/planner.py --fresh    # measure everything again
+    .venv/bin/python bench/planner.py            # continues a stopped run; not ResNet-50's
+    .venv/bin/python bench/planner.py --heavy    # the ResNet-50 rows alone (bench/heavy.py)
+    .venv/bin/python bench/planner.py --fresh    # forget the saved rows first
     .venv/bin/python bench/planner.py --repredict  # new predictions beside the saved times
     .venv/bin/python bench/planner.py --report   # tables from saved results
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from common import ROOT, load_results, replace_table, run, save_results, stamp, step_table
 
+from heavy import HEAVY_HELP, is_heavy, kept_rows, part, why_mixed
 from stack_config import DENSITY, EFFECTIVE_BATCH, STACK
 
 PLANNER_RESULTS = ROOT / "bench" / "results" / "planner.json"
@@ -104,9 +106,9 @@ def planner_rows(tmp: Path, done: set) -> list[dict]:
     return rows
 
 
-def latency_rows(tmp: Path, done: set) -> list[dict]:
+def latency_rows(tmp: Path, done: set, heavy: bool) -> list[dict]:
     rows = []
-    for c in (c for c in STACK if ("latency", c.name, None) not in done):
+    for c in (c for c in part(STACK, heavy) if ("latency", c.name, None) not in done):
         update = "head" if c.update.startswith("auto") else c.update
         art = export(tmp / c.name, c.network, c.sparse, c.recompute, c.micro_batch,
                      c.accumulation, update)
@@ -153,17 +155,20 @@ def report(rows: list[dict]) -> None:
             + (f"{c['micro_batch']} × {c['accumulation_steps']} | {c['measured_peak_bytes']:,} "
                f"| {c['measured_step_time_s']:.2f} s | {win:.1f} | {r['speedup']:.1f}× |"
                if c else f"none: {r['reason']} | | | | |"))
-    replace_table(DOC, lines, "planner", sources=["planner"])
+    why = why_mixed("planner", network_of)
+    replace_table(DOC, lines, "planner", sources=["planner"], why_mixed=why)
     replace_table(DOC, step_table([r for r in rows if r["kind"] == "latency"],
                                   "measured_step_time_s", "predicted_step_time_s",
                                   ("measured step", "predicted (host model)",
-                                   "measured / predicted")), "latency", sources=["planner"])
+                                   "measured / predicted")), "latency", sources=["planner"],
+                  why_mixed=why)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the tables")
     ap.add_argument("--fresh", action="store_true", help="forget saved rows, measure all")
+    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
     ap.add_argument("--repredict", action="store_true",
                     help="only predict the latency rows again (measurements kept)")
     args = ap.parse_args()
@@ -172,14 +177,27 @@ def main() -> None:
     if args.repredict:
         with tempfile.TemporaryDirectory() as tmp:
             repredict(Path(tmp))
-    elif not args.report:  # a stopped run continues; rows measured on other code run again
+    elif not args.report:
+        # a stopped run continues; rows of this run's part (bench/heavy.py) measured on other
+        # code run again, the other part's rows are kept as they are (each carries its stamp)
         here = stamp()["commit"]
-        save_results("planner", [r for r in saved_rows() if r.get("commit") == here])
+        save_results("planner", [r for r in saved_rows() if r.get("commit") == here
+                                 and is_heavy(network_of(r)) == args.heavy]
+                     + kept_rows("planner", args.heavy, network_of))
         done = {(r["kind"], r["config"], r.get("device")) for r in saved_rows()}
         with tempfile.TemporaryDirectory() as tmp:
-            planner_rows(Path(tmp), done)
-            latency_rows(Path(tmp), done)
+            if not args.heavy:
+                planner_rows(Path(tmp), done)
+            latency_rows(Path(tmp), done, args.heavy)
+        order = [c.name for c in STACK]
+        save_results("planner", sorted(saved_rows(), key=lambda r: (
+            r["kind"] == "latency", order.index(r["config"]))))
     report(saved_rows())
+
+
+def network_of(row: dict) -> str:
+    """The network a row measures (the planner rows: C6's patch MobileNet)."""
+    return row.get("network", "patch_mobilenet")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/predictor.py              # its time: bench/all.py --list
     .venv/bin/python bench/predictor.py --batchnorm  # the statistics-pass table alone
+    .venv/bin/python bench/predictor.py --heavy      # ResNet-50's rows alone (bench/heavy.py)
 
 Built-in networks (`edgetrain export --model NAME --epochs 0`: weights do not change memory)
 at batch 1, 8, 32; the stack's sparse + recompute rows at their micro-batch (STACK_ROWS,
@@ -11,7 +12,8 @@ pass first (`measure --adapt bn`): each network with BatchNorm at batch 8 in ste
 micro-batches (the moments graph then), with `--batchnorm-adapt exact`, and each device
 tier's shipped plan as personalise runs it (`--adapt auto` at its micro-batch and
 accumulation). Each is measured with `edgetrain measure --json` (a fresh torch-free process
-per case), two cases at a time: the tables hold bytes only (common.side_by_side). Writes bench/results/predictor.json (predictor_batchnorm.json for the last) and the
+per case), two cases at a time: the tables hold bytes only (common.side_by_side). Writes
+bench/results/predictor.json (predictor_batchnorm.json for the last) and the
 tables in docs/predictor.md (markers `table`, `stack`, `families`, `batchnorm`).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from common import ROOT, load_results, replace_table, run, save_results, side_by_side
+from heavy import HEAVY_HELP, kept_rows, part, why_mixed
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50", "imu_cnn", "imu_transformer"]
 BATCHES = [1, 8, 32]
@@ -85,26 +88,55 @@ def network_rows(tmp: Path, net: str, only_batchnorm: bool) -> dict[str, list[di
                           for k in (1, 2) if net in BATCHNORM_NETWORKS]}
 
 
-def main(only_batchnorm: bool = False) -> None:
-    """Every case exported and measured, two at a time (side_by_side: bytes only); each job
-    gives its rows by table, and the tables keep the jobs' order."""
+def main(only_batchnorm: bool = False, heavy: bool = False) -> None:
+    """This run's part of the cases (bench/heavy.py) exported and measured, two at a time
+    (side_by_side: bytes only), the other part's saved rows kept; each job gives its rows by
+    table, and each table keeps the order of a run of every case."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        nets = [n for n in NETWORKS if not only_batchnorm or n in BATCHNORM_NETWORKS]
+        nets = [n for n in part(NETWORKS, heavy) if not only_batchnorm or n in BATCHNORM_NETWORKS]
         jobs = [lambda n=n: network_rows(tmp, n, only_batchnorm) for n in nets]
-        jobs += [lambda job=job: {"batchnorm": [job()]} for job in batchnorm_jobs(tmp)]
+        if not heavy:
+            jobs += [lambda job=job: {"batchnorm": [job()]} for job in batchnorm_jobs(tmp)]
         if not only_batchnorm:
-            jobs += [lambda c=c: {"stack": [stack_row(tmp, c)]} for c in stack_configs()]
-            jobs += [lambda f=f: {"families": [measured_row(*f)]}
-                     for f in family_artifacts(tmp)]
+            jobs += [lambda c=c: {"stack": [stack_row(tmp, c)]}
+                     for c in part(stack_configs(), heavy)]
+            if not heavy:
+                jobs += [lambda f=f: {"families": [measured_row(*f)]}
+                         for f in family_artifacts(tmp)]
         done = side_by_side(jobs)
-    rows = {part: [r for d in done for r in d.get(part, [])]
-            for part in ("table", "batchnorm", "stack", "families")}
-    save_results("predictor_batchnorm", rows["batchnorm"])
+    rows = {p: [r for d in done for r in d.get(p, [])]
+            for p in ("table", "batchnorm", "stack", "families")}
+    save_results("predictor_batchnorm", in_order(
+        rows["batchnorm"] + kept_rows("predictor_batchnorm", heavy, network_of)))
     if not only_batchnorm:
-        save_results("predictor", [{**r, "part": part} for part in ("table", "stack", "families")
-                                   for r in rows[part]])
+        kept = kept_rows("predictor", heavy, network_of)
+        save_results("predictor", in_order(
+            [{**r, "part": p} for p in ("table", "stack", "families") for r in rows[p]]
+            + kept))
     report(only_batchnorm)
+
+
+def network_of(row: dict) -> str:
+    """The built-in network a row measures (its name leads the row's model, or follows a
+    stack row's name), or the layer family or tier it measures."""
+    words = row["model"].replace(",", " ").replace(":", " ").split()
+    return words[1] if words[0] in STACK_ROWS else words[0]
+
+
+def in_order(rows: list[dict]) -> list[dict]:
+    """Rows in the order of a run of every case: by table, a built-in network's rows in
+    NETWORKS order, a stack row's in STACK_ROWS order, the rest as they came."""
+    parts = ("table", "stack", "families")
+
+    def key(r: dict) -> tuple:
+        net, first = network_of(r), r["model"].split()[0]
+        rank = (STACK_ROWS.index(first) if first in STACK_ROWS else
+                NETWORKS.index(net) if net in NETWORKS and "exact" not in r["model"]
+                else len(NETWORKS))
+        return parts.index(r.get("part", "table")), rank
+
+    return sorted(rows, key=key)
 
 
 def report(only_batchnorm: bool = False) -> None:
@@ -165,7 +197,8 @@ def write_table(rows: list[dict], marker: str, source: str) -> None:
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {r['peak_bytes']:,} | "
                      f"{r['predicted_peak_bytes']:,} | {r['error_ratio']:+.1%} | {r['claim']} |")
-    replace_table(ROOT / "docs" / "predictor.md", lines, marker, sources=[source])
+    replace_table(ROOT / "docs" / "predictor.md", lines, marker, sources=[source],
+                  why_mixed=why_mixed(source, network_of))
 
 
 if __name__ == "__main__":
@@ -173,5 +206,6 @@ if __name__ == "__main__":
     ap.add_argument("--batchnorm", action="store_true", help="the statistics-pass table alone")
     ap.add_argument("--report", action="store_true",
                     help="only rebuild the tables from bench/results/predictor*.json")
+    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
     a = ap.parse_args()
-    report(a.batchnorm) if a.report else main(only_batchnorm=a.batchnorm)
+    report(a.batchnorm) if a.report else main(only_batchnorm=a.batchnorm, heavy=a.heavy)

@@ -1,6 +1,8 @@
 """Recompute plans at batch 8: measured peak, activation bytes and step time.
 
-    .venv/bin/python bench/recompute.py        # about 40 minutes on 2 cores
+    .venv/bin/python bench/recompute.py           # MobileNet v1, patch MobileNet
+    .venv/bin/python bench/recompute.py --heavy   # ResNet-50 alone (bench/heavy.py)
+    .venv/bin/python bench/recompute.py --report  # the table from saved results
 
 For each seed network: export with recompute `none` and `sqrt` (no pretraining: weights do
 not change memory or time) and measure both; then export with the `budget` planner at three
@@ -11,13 +13,15 @@ each, all in one run. Writes bench/results/recompute.json and the table in docs/
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import tempfile
 from pathlib import Path
 
 from edgetrain.names import MANIFEST_NAME
-from common import ROOT, measure_or_report, replace_table, run
+from common import ROOT, load_results, replace_table, run, save_results
+from heavy import HEAVY_HELP, kept_rows, part, why_mixed
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
@@ -97,18 +101,39 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def measure_all() -> list[dict]:
+def network_of(row: dict) -> str:
+    return row["network"]
+
+
+def measure_all(heavy: bool) -> list[dict]:
+    """This run's part of the networks measured, the other part's saved rows kept, in
+    NETWORKS order."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for net in NETWORKS:
+        for net in part(NETWORKS, heavy):
             rows += bench_network(Path(tmp), net)
-    return rows
+    rows += kept_rows("recompute", heavy, network_of)
+    return sorted(rows, key=lambda r: NETWORKS.index(r["network"]))
 
 
 def report(rows: list[dict]) -> None:
     replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines(),
-                  sources=["recompute"])
+                  sources=["recompute"], why_mixed=why_mixed("recompute", network_of))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true",
+                    help="only rebuild the table from bench/results/recompute.json")
+    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
+    a = ap.parse_args()
+    if not a.report:
+        save_results("recompute", measure_all(a.heavy))
+    rows = load_results("recompute")
+    if rows is None:
+        raise SystemExit("no bench/results/recompute.json: run the bench without --report first")
+    report(rows)
 
 
 if __name__ == "__main__":
-    measure_or_report("recompute", measure_all, report, __doc__.splitlines()[0])
+    main()

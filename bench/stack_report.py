@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from common import ROOT, replace_table, save_results
+from heavy import why_mixed
 from stack_accuracy import accuracy_table, delta_cell, gain, protocol, test_summary
 from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATES, PROFILE,
                           RECIPES, STACK, chosen_lr, personalise_name, saved, session_users,
@@ -192,6 +193,7 @@ def report() -> None:
     rs = rows()
     save_results("stack", rs, derived=True)
     mixed = None if len({r["commit"] for r in rs}) <= 1 else (
+        why_mixed("stack", lambda r: r["network"]) or
         "the stack is re-measured a network at a time (`bench/stack.py --network N`); the rows "
         "of older commits have not been run again yet")
     for name, lines in tables(rs).items():

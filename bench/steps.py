@@ -3,14 +3,17 @@
 A step is data: the bench script and its arguments, the result files it writes under
 bench/results/, the arguments that rebuild its tables from those files alone (None when its
 tables are rebuilt by a later step), and an estimate of its time on 2 cores, replaced by the
-time measured once a run has recorded one. Steps marked `full` run only with `--full` (heavy
-extras no table of docs/results.md needs). A step comes after every step whose results it
+time measured once a run has recorded one. Steps marked `full` run only with `--full`: the
+ResNet-50 rows (bench/heavy.py), whose tables keep the rows of the last `--full` run and say
+so, and extras no table of docs/results.md needs. A step comes after every step whose results it
 reads (feed_paths reads eager_race's; filing_baseline reads planner's; the personalisation
 reports read the personalisation runs').
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from heavy import is_heavy
 
 TIERS = ("watchos-extension", "mcu-2mb", "mcu-1mb", "mcu-256kb")
 # the recipe variants each tier's nested selection chooses among (bench/personalise.py RECIPES)
@@ -84,7 +87,8 @@ STACK_NETWORKS = (("imu_cnn", 10), ("patch_mobilenet", 30), ("mobilenet_v1", 40)
 
 
 def _stack() -> list[Step]:
-    return [*(Step(f"stack-{network}", "stack.py", ("--network", network), minutes)
+    return [*(Step(f"stack-{network}", "stack.py", ("--network", network), minutes,
+                   full=is_heavy(network))
               for network, minutes in STACK_NETWORKS),
             Step("stack", "stack.py", ("--report",), 1, ("--report",), writes=("stack",))]
 
@@ -95,19 +99,29 @@ STEPS: tuple[Step, ...] = (
     Step("gradkernels", "gradkernels.py", (), 1, ("--report",), writes=("gradkernels",)),
     Step("nchwc", "nchwc.py", (), 30, ("--report",), writes=("nchwc",)),
     Step("convbn", "convbn.py", (), 4, ("--report",), writes=("convbn",)),
+    Step("convbn-resnet50", "convbn.py", ("--heavy",), 5, ("--report",), full=True,
+         writes=("convbn",)),
     Step("sparse", "sparse.py", (), 2, ("--report",), writes=("sparse",)),
     Step("update-plans", "update_plans.py", (), 5, ("--report",), writes=("update_plans",)),
     Step("saved-activations", "saved_activations.py", (), 10, ("--report",),
          writes=("saved_activations",)),
     Step("saved-activations-peaks", "saved_activations.py", ("--peaks",), 4,
          ("--peaks", "--report"), writes=("saved_activations_peaks",)),
-    Step("predictor", "predictor.py", (), 50, ("--report",),
+    Step("predictor", "predictor.py", (), 30, ("--report",),
          writes=("predictor", "predictor_batchnorm")),
-    Step("recompute", "recompute.py", (), 40, ("--report",), writes=("recompute",)),
-    Step("planner", "planner.py", (), 25, ("--report",), writes=("planner",)),
+    Step("predictor-resnet50", "predictor.py", ("--heavy",), 20, ("--report",), full=True,
+         writes=("predictor", "predictor_batchnorm")),
+    Step("recompute", "recompute.py", (), 15, ("--report",), writes=("recompute",)),
+    Step("recompute-resnet50", "recompute.py", ("--heavy",), 25, ("--report",), full=True,
+         writes=("recompute",)),
+    Step("planner", "planner.py", (), 15, ("--report",), writes=("planner",)),
+    Step("planner-resnet50", "planner.py", ("--heavy",), 10, ("--report",), full=True,
+         writes=("planner",)),
     Step("filing-baseline", "filing_baseline.py", (), 15, ("--report",),
          writes=("filing_baseline",)),
-    Step("eager-race", "eager_race.py", (), 60, ("--report",),
+    Step("eager-race", "eager_race.py", (), 20, ("--report",),
+         writes=("eager_race",)),
+    Step("eager-race-resnet50", "eager_race.py", ("--heavy",), 40, ("--report",), full=True,
          writes=("eager_race",)),
     Step("feed-paths", "feed_paths.py", (), 2, ("--report",), writes=("feed_paths",)),
     Step("fleet", "fleet.py", (), 21, ("--report",), writes=("fleet",)),

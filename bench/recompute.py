@@ -7,7 +7,9 @@
 For each seed network: export with recompute `none` and `sqrt` (no pretraining: weights do
 not change memory or time) and measure both; then export with the `budget` planner at three
 budgets between the measured `sqrt` and `none` peaks (10%, 50% and 90% of the way) and
-measure each under its budget as a cap (a plan that did not fit would fail the run). The
+measure each under its budget as a cap (a plan that did not fit would fail the run); a budget
+for which the planner finds no plan that leaves its headroom free is a row with the
+planner's refusal, as a user gets it (when the budget is that close to `sqrt`'s peak). The
 step time of every plan is the median over ROUNDS alternating measurements of STEPS steps
 each, all in one run. Writes bench/results/recompute.json and the table in docs/recompute.md.
 """
@@ -16,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
 from edgetrain.names import MANIFEST_NAME
-from common import ROOT, load_results, replace_table, run, save_results
+from common import CLI, ROOT, load_results, replace_table, run, save_results
 from heavy import HEAVY_HELP, kept_rows, part, why_mixed
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
@@ -28,10 +31,21 @@ BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none 
 BATCH, ROUNDS, STEPS = 8, 3, 5
 
 
-def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict:
+REFUSAL = "error: no recompute plan fits the budget"  # the budget planner's answer
+
+
+def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict | str:
+    """The artifact's manifest; for a budget no plan fits with the planner's headroom, the
+    planner's refusal (its error, which the table shows: that is what a user gets)."""
     extra = ["--budget", str(budget)] if budget else []
-    run("export", "--model", net, "--epochs", "0", "--no-cache", "--recompute", planner,
-        "--micro-batch", str(BATCH), "--out", str(art), *extra)
+    p = subprocess.run([*CLI, "export", "--model", net, "--epochs", "0", "--no-cache",
+                        "--recompute", planner, "--micro-batch", str(BATCH), "--out", str(art),
+                        *extra], capture_output=True, text=True, cwd=ROOT)
+    refusal = next((line for line in p.stderr.splitlines() if line.startswith(REFUSAL)), None)
+    if p.returncode != 0 and budget and refusal:
+        return refusal.removeprefix("error: ")
+    if p.returncode != 0:
+        raise SystemExit(f"export {net} --recompute {planner} failed:\n{p.stderr[-2000:]}")
     return json.loads((art / MANIFEST_NAME).read_text())
 
 
@@ -48,11 +62,17 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
         p["runs"] = [measure(p["art"], None)]
     none_peak = plans["none"]["runs"][0]["peak_bytes"]
     sqrt_peak = plans["sqrt"]["runs"][0]["peak_bytes"]
+    refused = []
     for f in BUDGET_FRACTIONS:
         budget = int(sqrt_peak + f * (none_peak - sqrt_peak))
         name = f"budget@{f:.0%}"
         art = tmp / f"{net}-{name}"
-        plans[name] = {"art": art, "budget": budget, "manifest": export(art, net, "budget", budget),
+        manifest = export(art, net, "budget", budget)
+        if isinstance(manifest, str):  # refused: a row of its own, nothing to measure
+            refused.append({"network": net, "plan": name, "batch": BATCH,
+                            "budget_bytes": budget, "refused": manifest})
+            continue
+        plans[name] = {"art": art, "budget": budget, "manifest": manifest,
                        "runs": [measure(art, budget)]}
     for _ in range(ROUNDS - 1):  # alternate, so drifts in machine load hit every plan alike
         for p in plans.values():
@@ -81,7 +101,8 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
             "step_time_s": round(t, 4), "step_times_s": [x["step_time_s"] for x in p["runs"]],
             "time_ratio": round(t / base_time, 3), "time_vs_sqrt": round(t / sqrt_time, 3)})
         print(json.dumps(rows[-1]), flush=True)
-    return rows
+    order = ["none", "sqrt", *(f"budget@{f:.0%}" for f in BUDGET_FRACTIONS)]
+    return sorted(rows + refused, key=lambda r: order.index(r["plan"]))
 
 
 def table(rows: list[dict]) -> str:
@@ -91,6 +112,10 @@ def table(rows: list[dict]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         budget = "-" if r["budget_bytes"] is None else f"{r['budget_bytes']:,}"
+        if r.get("refused"):
+            lines.append(f"| {r['network']} | {r['plan']} | {budget} | refused: "
+                         f"{r['refused'].split(': ', 1)[-1].split('. ')[0]} |" + " |" * 8)
+            continue
         fits = "" if r["within_budget"] else " **over**"
         lines.append(
             f"| {r['network']} | {r['plan']} | {budget} | {r['checkpoints']} / "

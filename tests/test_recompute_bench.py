@@ -1,0 +1,29 @@
+"""bench/recompute.py's table: a budget the planner refuses is a row of its own."""
+from __future__ import annotations
+
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import recompute  # noqa: E402
+
+
+def test_a_refused_budget_is_a_row_with_the_planners_reason_and_every_cell():
+    refusal = ("no recompute plan fits the budget of 4,698,009 bytes: the smallest predicted "
+               "peak of the 113 plans checked is 4,767,488 bytes (4 checkpoints), and a plan "
+               "must leave 262,144 bytes of headroom. Raise the budget to at least 5,029,632")
+    measured = {"network": "n", "plan": "sqrt", "batch": 8, "budget_bytes": None,
+                "checkpoints": 4, "recomputed_tensors": 9, "extra_flops": 2e8,
+                "peak_bytes": 31_290_368, "within_budget": True,
+                "predicted_peak_bytes": 32_017_920, "activation_bytes": 27_799_808,
+                "activation_cut_ratio": 1.596, "step_time_s": 0.13, "time_ratio": 1.5,
+                "time_vs_sqrt": 1.0}
+    refused = {"network": "n", "plan": "budget@10%", "batch": 8, "budget_bytes": 4_698_009,
+               "refused": refusal}
+    lines = recompute.table([measured, refused]).splitlines()
+    cells = [line.count("|") for line in lines]
+    assert len(set(cells)) == 1, cells  # every row has the header's columns
+    assert "| 4,698,009 | refused: the smallest predicted peak of the 113 plans checked is " \
+        "4,767,488 bytes (4 checkpoints), and a plan must leave 262,144 bytes of headroom |" \
+        in lines[-1]

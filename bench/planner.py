@@ -9,12 +9,14 @@
 Every artifact here is exported untrained (`--epochs 0`): a step's time and peak depend on
 the graph and the plan, not on the weights, and the stack's pretrained models take hours.
 1. C6's configuration (patch MobileNet at width 1.0, 10% of its weights kept under ERK,
-   recompute sqrt; a step of 32 windows, 1,568 patches): today's plan, micro-batch 1 x 1,568,
-   measured, against `edgetrain plan`'s choice for `watchos-extension` and `watch-app-low`
-   (its capped runs, and its frontier picture).
+   recompute sqrt; a step of 32 windows, 1,568 patches), exported for the portable target
+   (the watch's graph, which `edgetrain plan --device` requires): today's plan, micro-batch
+   1 x 1,568, measured, against `edgetrain plan`'s choice for `watchos-extension` and
+   `watch-app-low` (its capped runs, and its frontier picture).
 2. The latency model (device_sim/planner.py, on this machine's measured speed) beside the
    measured step time for each stack row's configuration (C1-C6 and C8, at the row's
-   micro-batch and accumulation).
+   micro-batch and accumulation), exported for the host target (this machine's kernels,
+   which the model's rates were measured with).
 Results: bench/results/planner.json; tables in docs/results.md (markers `planner` and
 `latency`); pictures docs/img/plan-frontier-<device>.png.
 """
@@ -84,7 +86,7 @@ def planner_rows(tmp: Path, done: set) -> list[dict]:
         return []
     c6 = next(c for c in STACK if c.name == "C6")
     art = export(tmp / "c6", c6.network, c6.sparse, c6.recompute, c6.micro_batch,
-                 c6.accumulation)
+                 c6.accumulation, target="portable")  # the watch's graph: plan --device
     today = measured_step(art, c6.micro_batch, c6.accumulation, 1)
     rows = []
     for device in (d for d in DEVICES if ("planner", "C6", d) not in done):

@@ -14,6 +14,7 @@ from typing import Callable
 from common import read_stamped, row_stamps
 
 HEAVY_NETWORKS = ("resnet50",)
+NOT_RECORDED = "not recorded"  # a kept row from a file written before results had a commit
 HEAVY_WHY = ("the ResNet-50 rows are measured by `bench/all.py --full` only, the others by "
              "every `make results`")
 HEAVY_HELP = ("measure only the ResNet-50 rows (bench/all.py --full runs this), keeping the "
@@ -33,11 +34,12 @@ def part(networks, heavy: bool) -> list:
 def kept_rows(name: str, heavy: bool, network_of: Callable[[dict], str | None]) -> list[dict]:
     """The saved rows of bench/results/<name>.json of the part this run does not measure (the
     heavy rows for a default run, the others for a --heavy run), each carrying the commit,
-    date and machine it was measured at."""
+    date and machine it was measured at (NOT_RECORDED for a file from before the stamps, so
+    that the new file's stamp is never taken for theirs)."""
     doc = read_stamped(name)
     if doc is None or not isinstance(doc["results"], list):
         return []
-    return [{**s, **r} if s.get("commit") else r
+    return [{**s, "commit": s.get("commit") or NOT_RECORDED, **r}
             for r, s in zip(doc["results"], row_stamps(doc))
             if is_heavy(network_of(r)) != heavy]
 

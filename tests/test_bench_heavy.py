@@ -2,6 +2,7 @@
 saved ResNet-50 rows with the commit they were measured at; `--full` measures those alone."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -46,6 +47,17 @@ def test_each_part_keeps_the_other_with_the_commit_it_was_measured_at(results, m
     assert heavy.kept_rows("r", True, net) == [{"network": "imu_cnn", "v": 3,
                                                 "commit": "bbb0002", "date": "2026-11-28",
                                                 "machine": "a CPU, 2 cores"}]
+
+
+def test_rows_kept_from_a_file_without_a_commit_stay_not_recorded(results, monkeypatch):
+    (results / "old.json").write_text(json.dumps([{"network": "resnet50", "v": 1},
+                                                  {"network": "imu_cnn", "v": 2}]))
+    kept = heavy.kept_rows("old", False, net)
+    assert kept == [{"network": "resnet50", "v": 1, "commit": "not recorded", "date": None,
+                     "machine": None}]
+    common.save_results("old", [{"network": "imu_cnn", "v": 3}, *kept])
+    line = common.measured_at(["old"], heavy.why_mixed("old", net))
+    assert line.startswith("Measured at commits `aaa0001`, `not recorded` (the ResNet-50 rows")
 
 
 def test_a_mix_within_a_part_is_not_excused(results):

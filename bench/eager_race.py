@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from common import ROOT, load_results, replace_table, save_results, stamp
-from heavy import HEAVY_HELP, part
+from heavy import HEAVY_HELP, NOT_RECORDED, kept_rows, part
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
 
@@ -90,7 +90,8 @@ def report(rows: list[dict]) -> None:
     """Two lines a row: the portable artifact (what a watch runs) and the host one."""
     where = {}
     for r in rows:  # rows raced before rows carried a stamp say so
-        key = (f"commit `{r['commit']}`, {r['date']}, {r['machine']}" if "commit" in r
+        key = (f"commit `{r['commit']}`, {r['date']}, {r['machine']}"
+               if r.get("commit") not in (None, NOT_RECORDED)
                else "a commit not recorded (before the rows carried one)")
         where.setdefault(key, []).append(r["config"])
     lines = ["Measured at " + "; ".join(f"{k} ({', '.join(v)})" for k, v in where.items())
@@ -119,8 +120,9 @@ def main() -> None:
         # the other part's rows are kept as they are (each carries its stamp)
         here = stamp()["commit"]
         mine = {c.name for c in part(STACK, args.heavy)}
-        rows = [r for r in rows if r["config"] not in mine
-                or ("portable_median_s" in r and r.get("commit") == here)]
+        rows = ([r for r in rows if r["config"] in mine and "portable_median_s" in r
+                 and r.get("commit") == here]
+                + kept_rows("eager_race", args.heavy, lambda r: r["network"]))
         done = {r["config"] for r in rows}
         order = [c.name for c in STACK]
         with tempfile.TemporaryDirectory() as tmp:

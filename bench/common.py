@@ -162,22 +162,27 @@ def stamp() -> dict:
             "machine": f"{cpu}, {os.cpu_count()} cores"}
 
 
-def measure_or_report(name: str, measure, report, description: str | None = None) -> None:
+def measure_or_report(name: str, measure, report, description: str | None = None,
+                      heavy_help: str | None = None) -> None:
     """A bench's command line: measure (`measure()` returns the rows), save them to
     bench/results/<name>.json and write the tables (`report(rows)`); with --report, only the
-    tables, from the saved file."""
+    tables, from the saved file. With `heavy_help` (bench/heavy.py's split) it takes --heavy
+    and calls `measure(heavy)`."""
     import argparse
 
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--report", action="store_true",
                     help=f"only rebuild the tables from bench/results/{name}.json")
-    if ap.parse_args().report:
+    if heavy_help:
+        ap.add_argument("--heavy", action="store_true", help=heavy_help)
+    a = ap.parse_args()
+    if a.report:
         rows = load_results(name)
         if rows is None:
             raise SystemExit(f"no bench/results/{name}.json: run the bench without --report "
                              "first")
     else:
-        rows = measure()
+        rows = measure(a.heavy) if heavy_help else measure()
         save_results(name, rows)
     report(rows)
 

@@ -15,7 +15,6 @@ docs/results.md (marker `convbn`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, load_results, replace_table, run, save_results
+from common import ROOT, measure_or_report, replace_table, run
 from heavy import HEAVY_HELP, is_heavy, kept_rows, why_mixed
 
 DOC = ROOT / "docs" / "results.md"
@@ -128,19 +127,5 @@ def report(rows: list[dict]) -> None:
                   why_mixed=why_mixed("convbn", network_of))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--report", action="store_true",
-                    help="only rebuild the table from bench/results/convbn.json")
-    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
-    a = ap.parse_args()
-    if not a.report:
-        save_results("convbn", measure(a.heavy))
-    rows = load_results("convbn")
-    if rows is None:
-        raise SystemExit("no bench/results/convbn.json: run the bench without --report first")
-    report(rows)
-
-
 if __name__ == "__main__":
-    main()
+    measure_or_report("convbn", measure, report, __doc__.splitlines()[0], HEAVY_HELP)

@@ -15,7 +15,6 @@ each, all in one run. Writes bench/results/recompute.json and the table in docs/
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from edgetrain.names import MANIFEST_NAME
-from common import CLI, ROOT, load_results, replace_table, run, save_results
+from common import CLI, ROOT, measure_or_report, replace_table, run
 from heavy import HEAVY_HELP, kept_rows, part, why_mixed
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
@@ -146,19 +145,5 @@ def report(rows: list[dict]) -> None:
                   sources=["recompute"], why_mixed=why_mixed("recompute", network_of))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--report", action="store_true",
-                    help="only rebuild the table from bench/results/recompute.json")
-    ap.add_argument("--heavy", action="store_true", help=HEAVY_HELP)
-    a = ap.parse_args()
-    if not a.report:
-        save_results("recompute", measure_all(a.heavy))
-    rows = load_results("recompute")
-    if rows is None:
-        raise SystemExit("no bench/results/recompute.json: run the bench without --report first")
-    report(rows)
-
-
 if __name__ == "__main__":
-    main()
+    measure_or_report("recompute", measure_all, report, __doc__.splitlines()[0], HEAVY_HELP)

@@ -35,7 +35,7 @@ LOGS = ROOT / ".cache" / "results-logs"
 def read_progress(code: str, fresh: bool) -> dict:
     """The finished steps of a run on `code`; none for other code or --fresh. The time each
     step last took ("elapsed_s", on whatever code) is kept for the estimates."""
-    old = json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else None
+    old = load_progress()
     if old and not fresh and old.get("code") == code:
         return {"elapsed_s": {}, **old}
     if old and not fresh:
@@ -44,9 +44,14 @@ def read_progress(code: str, fresh: bool) -> dict:
     return {"code": code, "started": now(), "steps": {}, "elapsed_s": recorded_times()}
 
 
+def load_progress() -> dict:
+    """bench/results/progress.json as the last run left it ({} before any run)."""
+    return json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else {}
+
+
 def recorded_times() -> dict[str, float]:
     """Each step's time in seconds as the last run of it measured it, on whatever code."""
-    old = json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else {}
+    old = load_progress()
     return {**old.get("elapsed_s", {}),
             **{k: v["elapsed_s"] for k, v in old.get("steps", {}).items()}}
 

@@ -1,6 +1,7 @@
 """The fleet at scale: Ray's own cost per task, throughput at 1 and 2 workers, 1,000+ users.
 
-    .venv/bin/python bench/fleet.py            # ~15 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/fleet.py            # ~9 min on 2 cores; continues a stopped run
+    .venv/bin/python bench/fleet.py --heavy    # 4.'s one-worker run alone (~12 min; --full)
     .venv/bin/python bench/fleet.py --report   # the tables from saved results
 
 1. The artifact: imu_cnn pretrained on subjects 1-7 (8, 9 and 10 held out: the fleet's real
@@ -16,8 +17,9 @@
    from the command's start (Ray's start included) to its end, and from the first task's start
    to the last task's end; the CPU-seconds every process spent (/proc/stat).
 4. examples/fleet-1000.json (1,003 users on a mix of four devices, micro-batch chosen by the
-   planner per device) to completion on 2 workers, then on 1: its report and pictures
-   (docs/img/fleet-gains.png, fleet-peaks.png, fleet-timeline.png).
+   planner per device) to completion on 2 workers (its report and pictures:
+   docs/img/fleet-gains.png, fleet-peaks.png, fleet-timeline.png), and with `--heavy` on 1
+   (HEAVY_PARTS: `bench/all.py --full` runs it; a default run keeps its saved part).
 Results: bench/results/fleet.json; tables in docs/results.md (marker `fleet`). Nothing else
 should run meanwhile.
 """
@@ -41,6 +43,11 @@ OVERHEAD_LABELS = {"fresh_process": "fresh process", "reused_worker": "reused wo
                    "reused_worker_forked_child": "reused worker, a forked child: as the fleet "
                                                  "runs"}
 THROUGHPUT_USERS = 60
+# The 1,003 users again on one worker (about 12 minutes) is measured by `bench/all.py --full`
+# only (`--heavy`); a default run keeps its saved part, and the table then names both commits.
+HEAVY_PARTS = ("fleet_1000_one_worker",)
+HEAVY_WHY = ("examples/fleet-1000.json on one worker is measured by `bench/all.py --full` only, "
+             "the other parts by every `make results`")
 
 
 def export() -> None:
@@ -182,12 +189,25 @@ def report(r: dict) -> None:
                     + (f"{gn['median']:+.1f} [{gn['p10']:+.1f}, {gn['p90']:+.1f}]" if gn else "")
                     + f" | {g['gained']} / {g['lost']} / {g['unchanged']} | "
                     f"{g['guard'].get('kept population', 0)} |")
-    replace_table(DOC, lines, "fleet", sources=["fleet"])
+    replace_table(DOC, lines, "fleet", sources=["fleet"], why_mixed=why_mixed(r))
+
+
+def why_mixed(r: dict) -> str | None:
+    """HEAVY_WHY when the heavy parts were measured at one commit and the others at another."""
+    commits = {heavy: {v.get("commit") for k, v in r.items()
+                       if isinstance(v, dict) and (k in HEAVY_PARTS) == heavy}
+               for heavy in (True, False)}
+    if len(commits[True]) == 1 and len(commits[False]) == 1 and commits[True] != commits[False]:
+        return HEAVY_WHY
+    return None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="only rebuild the tables")
+    ap.add_argument("--heavy", action="store_true", help="measure only examples/fleet-1000.json "
+                    "on one worker (bench/all.py --full runs this), keeping the other saved "
+                    "parts; without it, every part but that one")
     args = ap.parse_args()
     r = load_results("fleet", {})
     if not args.report:
@@ -203,6 +223,8 @@ def main() -> None:
                                                          "fleet-1000-one-worker", 1))]
         here = stamp()  # a stopped run continues; parts measured on other code run again
         for key, fn in steps:
+            if (key in HEAVY_PARTS) != args.heavy:
+                continue  # the other run's part: its saved rows stay, with their stamps
             if r.get(key, {}).get("commit") != here["commit"]:
                 r[key] = {**fn(), **here}
                 save_results("fleet", r)

@@ -4,8 +4,9 @@ A step is data: the bench script and its arguments, the result files it writes u
 bench/results/, the arguments that rebuild its tables from those files alone (None when its
 tables are rebuilt by a later step), and an estimate of its time on 2 cores, replaced by the
 time measured once a run has recorded one. Steps marked `full` run only with `--full`: the
-ResNet-50 rows (bench/heavy.py), whose tables keep the rows of the last `--full` run and say
-so, and extras no table of docs/results.md needs. A step comes after every step whose results it
+ResNet-50 rows (bench/heavy.py), the filing-day baseline (a fixed old commit re-measured),
+the fleet's 1,003 users on one worker, whose tables keep the rows of the last `--full` run and
+say so, and extras no table of docs/results.md needs. A step comes after every step whose results it
 reads (feed_paths reads eager_race's; filing_baseline reads planner's; the personalisation
 reports read the personalisation runs').
 """
@@ -117,14 +118,16 @@ STEPS: tuple[Step, ...] = (
     Step("planner", "planner.py", (), 15, ("--report",), writes=("planner",)),
     Step("planner-resnet50", "planner.py", ("--heavy",), 10, ("--report",), full=True,
          writes=("planner",)),
-    Step("filing-baseline", "filing_baseline.py", (), 15, ("--report",),
+    Step("filing-baseline", "filing_baseline.py", (), 37, ("--report",), full=True,
          writes=("filing_baseline",)),
     Step("eager-race", "eager_race.py", (), 20, ("--report",),
          writes=("eager_race",)),
     Step("eager-race-resnet50", "eager_race.py", ("--heavy",), 40, ("--report",), full=True,
          writes=("eager_race",)),
     Step("feed-paths", "feed_paths.py", (), 2, ("--report",), writes=("feed_paths",)),
-    Step("fleet", "fleet.py", (), 21, ("--report",), writes=("fleet",)),
+    Step("fleet", "fleet.py", (), 9, ("--report",), writes=("fleet",)),
+    Step("fleet-one-worker", "fleet.py", ("--heavy",), 12, ("--report",), full=True,
+         writes=("fleet",)),
     Step("reset", "reset.py", (), 8, ("--report",), writes=("reset",)),
     Step("dst", "dst.py", (), 15, ("--report",), writes=("dst",)),
     *_personalise(),

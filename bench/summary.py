@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from all import recorded_times
+from all import load_progress, recorded_times
 from common import RESULTS, ROOT, load_results, read_stamped, replace_table, row_stamps
 from personalise import read_rows
 from steps import STEPS
@@ -154,20 +154,46 @@ def commits_of(name: str) -> set[str]:
 
 
 def provenance_line() -> str:
-    """Which steps' results come from which commit: the page is one commit's only when a
-    whole `make results` ran on one code."""
-    by: dict[str, list[str]] = {}
-    for step in STEPS:
-        for c in set().union(*(commits_of(n) for n in step.writes)) if step.writes else ():
-            by.setdefault(c, []).append(step.name)
-    if len(by) == 1:
-        return (f"Every benchmark's results (this page's and the capability pages') were "
-                f"measured at commit `{next(iter(by))}`.")
-    parts = [f"`{c}` ({', '.join(names)})" if c != "not recorded" else
-             f"a commit not recorded ({', '.join(names)})" for c, names in sorted(by.items())]
+    """Which steps' results come from which commit: the page is one commit's (but for the
+    `--full` steps' rows) when a whole default `make results` ran on one code."""
+    whole = whole_run()
+    if whole is not None:
+        code, finished = whole
+        kept = commits_by_step([s for s in STEPS if s.full], skip={code})
+        return (f"A whole `make results` ran at commit `{code}` (finished {finished}): every "
+                "table's rows were measured there, but the rows of the `--full` steps, "
+                "which a default run keeps"
+                + (": " + "; ".join(kept) + "." if kept else " (none differ)."))
+    parts = commits_by_step(STEPS)
     return (f"The benchmarks' results (this page's and the capability pages') come from "
-            f"{len(by)} commits, because `make results` has not yet run whole on one code: "
-            + "; ".join(parts) + ".")
+            f"{len(parts)} commits, because `make results` has not yet run whole on one "
+            "code: " + "; ".join(parts) + ".")
+
+
+def commits_by_step(steps: list, skip: set[str] = frozenset()) -> list[str]:
+    """"`commit` (step, step, ...)" for each commit the result files of `steps` hold."""
+    by: dict[str, list[str]] = {}
+    for step in steps:
+        for c in set().union(*(commits_of(n) for n in step.writes)) if step.writes else ():
+            if c not in skip:
+                by.setdefault(c, []).append(step.name)
+    return [f"`{c}` ({', '.join(names)})" if c != "not recorded" else
+            f"a commit not recorded ({', '.join(names)})" for c, names in sorted(by.items())]
+
+
+def whole_run() -> tuple[str, str] | None:
+    """(code, finish time) of the run bench/results/progress.json records when every default
+    step finished in it on one code and every result file holds rows of that code only (or
+    of a `--full` step's, in a file such a step writes too), else None."""
+    progress = load_progress()
+    code, done = progress.get("code"), progress.get("steps", {})
+    if not code or any(s.name not in done for s in STEPS if not s.full):
+        return None
+    full_files = {n for s in STEPS if s.full for n in s.writes}
+    for step in (s for s in STEPS if not s.full):
+        if any(commits_of(n) != {code} and n not in full_files for n in step.writes):
+            return None
+    return code, max(v["finished"] for v in done.values())
 
 
 def duration_line() -> str:

@@ -139,14 +139,17 @@ def step_table(rows: list[dict], first: str, second: str, heads: tuple[str, str,
     return lines
 
 
-def code_commit() -> str:
-    """The commit a result measures: the last one that changed anything outside docs/ and
-    bench/results/ (committing results does not change it), with "+changes" when the working
-    tree's code differs from it."""
+NOT_CODE = ("docs", "bench/results", "README.md")  # prose, and the figures results write
+
+
+def code_commit(root: Path = ROOT) -> str:
+    """The commit a result measures: the last one that changed anything outside NOT_CODE
+    (committing results, whose figures land in docs/ and the README, does not change it),
+    with "+changes" when the working tree's code differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True,
-                              cwd=ROOT).stdout.strip()
-    scope = ["--", ".", ":!docs", ":!bench/results"]
+                              cwd=root).stdout.strip()
+    scope = ["--", ".", *(f":!{p}" for p in NOT_CODE)]
     commit = git("log", "-1", "--format=%h", *scope)
     return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no", *scope)
                      else "")

@@ -151,3 +151,26 @@ def test_a_table_goes_between_its_markers_under_its_stamp(results, tmp_path):
     text = doc.read_text()
     assert text.startswith("before\n<!-- t -->\nMeasured at commit `abc1234`")
     assert "old" not in text and text.endswith("| a |\n|---|\n<!-- /t -->\nafter\n")
+
+
+def test_committing_results_docs_or_the_readme_keeps_the_code_commit(tmp_path):
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "."), git("commit", "-qm", "code")
+    code = git("log", "-1", "--format=%h")
+    for name in ("README.md", "docs/results.md", "bench/results/demo.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("figures\n")
+    git("add", "."), git("commit", "-qm", "results")
+    assert common.code_commit(tmp_path) == code
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert common.code_commit(tmp_path) == code + "+changes"
+    git("commit", "-qam", "more code")
+    assert common.code_commit(tmp_path) == git("log", "-1", "--format=%h")

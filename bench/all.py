@@ -9,8 +9,9 @@ Each step (bench/steps.py) runs as its own process from the repository root; its
 to .cache/results-logs/<step>.log. bench/results/progress.json records each finished step with
 the code it measured (common.code_commit: the last commit that changed anything outside
 docs/, bench/results/ and README.md, so committing results keeps it) and its time; a re-run
-skips the steps finished on the same code and continues with the first that is not, so a stopped run loses at most the step it was in. A run on other code (or
-on uncommitted changes) starts again from the first step, saying so. A failed step stops the
+skips the steps finished on the same code and continues with the first that is not, so a
+stopped run loses at most the step it was in. A run on other code (or on uncommitted changes)
+starts again from the first step, saying so. A failed step stops the
 run with exit status 1 and names its log. After the last step every table is rebuilt from the
 saved results (each step's --report), the summary of docs/results.md and the README's figures
 (bench/summary.py).

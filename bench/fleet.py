@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from common import CLI, ROOT, load_results, replace_table, run, save_results, stamp
+from heavy import split_at_two_commits
 
 DOC = ROOT / "docs" / "results.md"
 ART = ROOT / "artifacts" / "imu_fleet"
@@ -197,9 +198,7 @@ def why_mixed(r: dict) -> str | None:
     commits = {heavy: {v.get("commit") for k, v in r.items()
                        if isinstance(v, dict) and (k in HEAVY_PARTS) == heavy}
                for heavy in (True, False)}
-    if len(commits[True]) == 1 and len(commits[False]) == 1 and commits[True] != commits[False]:
-        return HEAVY_WHY
-    return None
+    return HEAVY_WHY if split_at_two_commits(commits[True], commits[False]) else None
 
 
 def main() -> None:

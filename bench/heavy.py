@@ -53,6 +53,11 @@ def why_mixed(name: str, network_of: Callable[[dict], str | None]) -> str | None
     commits = {True: set(), False: set()}
     for r, s in zip(doc["results"], row_stamps(doc)):
         commits[is_heavy(network_of(r))].add(s.get("commit"))
-    if len(commits[True]) == 1 and len(commits[False]) == 1 and commits[True] != commits[False]:
-        return HEAVY_WHY
-    return None
+    return HEAVY_WHY if split_at_two_commits(commits[True], commits[False]) else None
+
+
+def split_at_two_commits(heavy_commits: set, other_commits: set) -> bool:
+    """True when the heavy part was measured at one commit and the rest at one other: the
+    only mix a table may show (with its why); any other mix is refused."""
+    return (len(heavy_commits) == 1 and len(other_commits) == 1
+            and heavy_commits != other_commits)

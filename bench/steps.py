@@ -89,7 +89,7 @@ STACK_NETWORKS = (("imu_cnn", 10), ("patch_mobilenet", 30), ("mobilenet_v1", 40)
 
 def _stack() -> list[Step]:
     return [*(Step(f"stack-{network}", "stack.py", ("--network", network), minutes,
-                   full=is_heavy(network))
+                   full=is_heavy(network), writes=("stack",))  # its rows, as it ends
               for network, minutes in STACK_NETWORKS),
             Step("stack", "stack.py", ("--report",), 1, ("--report",), writes=("stack",))]
 

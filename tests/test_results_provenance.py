@@ -79,3 +79,14 @@ def test_the_fleets_one_worker_part_is_the_only_one_that_may_be_of_another_commi
     assert fleet.why_mixed(parts) == fleet.HEAVY_WHY
     assert fleet.why_mixed({**parts, "fleet_1000_one_worker": {"commit": "new0002"}}) is None
     assert fleet.why_mixed({**parts, "throughput_1": {"commit": "mid0003"}}) is None
+
+
+def test_every_full_step_declares_the_files_its_scripts_default_steps_write():
+    """A `--full` step's rows land in the files its script's default steps write (a heavy
+    part kept beside a default run's rows); undeclared, a whole run would never be named."""
+    import steps
+
+    default = [s for s in steps.STEPS if not s.full]
+    for s in (s for s in steps.STEPS if s.full):
+        shared = {n for d in default if d.script == s.script for n in d.writes}
+        assert shared <= set(s.writes), (s.name, shared - set(s.writes))

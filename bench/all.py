@@ -33,7 +33,7 @@ PROGRESS = RESULTS / "progress.json"
 LOGS = ROOT / ".cache" / "results-logs"
 
 
-def read_progress(code: str, fresh: bool) -> dict:
+def read_progress(code: str, fresh: bool, running: bool = True) -> dict:
     """The finished steps of a run on `code`; none for other code or --fresh. The time each
     step last took ("elapsed_s", on whatever code) is kept for the estimates."""
     old = load_progress()
@@ -41,7 +41,8 @@ def read_progress(code: str, fresh: bool) -> dict:
         return {"elapsed_s": {}, **old}
     if old and not fresh:
         print(f"bench/results/progress.json is of code {old.get('code')}; this is {code}: "
-              "starting from the first step", flush=True)
+              + ("starting" if running else "a run would start") + " from the first step",
+              flush=True)
     return {"code": code, "started": now(), "steps": {}, "elapsed_s": recorded_times()}
 
 
@@ -145,15 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="forget finished steps")
     a = ap.parse_args(argv)
     steps = chosen(a.only, a.full)
-    progress = read_progress(code_commit(), a.fresh)
+    if a.report:
+        return rebuild(steps)
+    progress = read_progress(code_commit(), a.fresh, running=not a.list)
     if a.list:
         print("\n".join(listing(steps, progress)))
         return 0
-    if not a.report:
-        rc = measure(steps, progress)
-        if rc:
-            return rc
-    return rebuild(steps)
+    return measure(steps, progress) or rebuild(steps)
 
 
 if __name__ == "__main__":

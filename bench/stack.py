@@ -13,7 +13,9 @@ the deck's tables at width 1.0, 7 classes. C8 is the raw-IMU 1-D CNN with the up
 `export --update auto` chooses for mcu-2mb (docs/update-plans.md). Every configuration takes optimizer
 steps of EFFECTIVE_BATCH windows: C1-C3 as one micro-batch, C4-C5 as EFFECTIVE_BATCH
 micro-batches of one window, C6 as 49 x EFFECTIVE_BATCH micro-batches of one 32x32 patch
-(the pixels of EFFECTIVE_BATCH windows).
+(the pixels of EFFECTIVE_BATCH windows). Memory and time are measured so; the accuracy runs
+(sweep, personalise) merge micro-batches smaller than 8 windows into micro-batches of 8
+windows, the same update with BatchNorm frozen (stack_config.merged_micro_batches).
 
 Stages, each result saved under bench/results/stack/ as soon as it exists with the commit it
 ran at, so an interrupted run resumes where it stopped, and a result saved on other code runs

@@ -25,6 +25,7 @@ PROFILE = "watch-app-low"  # the watch-class profile of the scenario metrics (64
 PERSONALISE = {"epochs": 2}  # plus each network's learning rate, chosen by the sweep below
 ARTIFACT_LR = 3e-4  # the default written into artifacts; personalisation passes --lr
 LR_CANDIDATES = (3e-5, 1e-4, 3e-4)  # the sweep: each population model x each held-out user
+ACCURACY_WINDOWS_PER_MICRO_BATCH = 8  # accuracy runs (sweeps, tests) merge smaller micro-batches
 VAL_FRACTION = 0.25  # ...trains on the first 75% of each personalisation-arm recording and
 # validates on the last 25% (edgetrain.data.validation_split): the test arm is never read
 MASK_UPDATES = {"mask_update": "rigl", "mask_every": 2, "drop_fraction": 0.1, "mask_end": 0.75}
@@ -93,7 +94,8 @@ class StackConfig:
         lr = chosen_lr(self)
         if lr is None:
             return f"{self.key()}-p-lr-pending"
-        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr})}"
+        merged = {"merged": True} if merged_micro_batches(self) else {}
+        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr}, **merged)}"
 
     def sweep_config(self) -> "StackConfig":
         """The configuration whose artifact the learning-rate sweep runs for this population
@@ -102,6 +104,20 @@ class StackConfig:
         micro-batching and recomputation change memory and time, not the update)."""
         return next(x for x in STACK if (x.network, x.sparse, x.update) ==
                     (self.network, self.sparse, self.update))
+
+
+def merged_micro_batches(c: StackConfig) -> tuple[int, int] | None:
+    """(micro-batch items, accumulation) of `c`'s accuracy runs, the sweep's and the tests',
+    where its micro-batch holds fewer than ACCURACY_WINDOWS_PER_MICRO_BATCH windows (C4-C7:
+    one window, or one patch); None where it keeps its own. The same update: BatchNorm is
+    frozen on the device and the step sums the gradients of the same EFFECTIVE_BATCH windows
+    scaled by 1/accumulation (tests/test_micro_batch_split.py), so accuracy is unchanged and
+    8x fewer runtime calls run. Memory and time are measured at the configuration's own
+    micro-batch (stage measure)."""
+    items = ACCURACY_WINDOWS_PER_MICRO_BATCH * c.items_per_window
+    if c.micro_batch >= items:
+        return None
+    return items, EFFECTIVE_BATCH // ACCURACY_WINDOWS_PER_MICRO_BATCH
 
 
 STACK = [

@@ -75,7 +75,7 @@ def stage_personalise(c: StackConfig, art: str, user: int, session: bool = False
     out = cfg.run_folder(personalise_name(c, user, session).removeprefix("personalise-"))
     where = ["--dataset", CROSS_SESSION[c.name][0], "--protocol", CROSS_SESSION[c.name][1]] \
         if session else []
-    return cli(*personalise_args(c, art, out, lr), *where, "--user", str(user))
+    return cli(*personalise_args(c, art, out, lr), *merged_args(c), *where, "--user", str(user))
 
 
 def fold_export_name(c: StackConfig, fold: tuple[int, ...]) -> str:
@@ -113,22 +113,21 @@ def validation_files(user: int) -> tuple[Path, Path]:
     return paths
 
 
-SWEEP_WINDOWS_PER_MICRO_BATCH = 8  # the sweep's micro-batches hold at least 8 windows
+def merged_args(c: StackConfig) -> list[str]:
+    """The accuracy runs' micro-batch arguments (stack_config.merged_micro_batches)."""
+    merged = cfg.merged_micro_batches(c)
+    return [] if merged is None else ["--micro-batch", str(merged[0]),
+                                      "--accumulate", str(merged[1])]
 
 
 def stage_lrsweep(c: StackConfig, art: str, lr: float, user: int) -> dict:
-    """One sweep run. Micro-batches of one window (C5) or one patch (C6) are merged to
-    SWEEP_WINDOWS_PER_MICRO_BATCH windows: the same update (BatchNorm frozen, gradients summed
-    and scaled by 1/k over the same 32 windows), fewer runtime calls. Memory is not measured
+    """One sweep run, its micro-batches merged as the test runs' are. Memory is not measured
     here."""
     train, val = validation_files(user)
     out = cfg.run_folder(sweep_name(c, lr, user))
     args = personalise_args(c, art, out, lr) + ["--data", str(train), "--test", str(val)]
-    items = SWEEP_WINDOWS_PER_MICRO_BATCH * c.items_per_window
-    if c.micro_batch < items:
-        args += ["--micro-batch", str(items),
-                 "--accumulate", str(EFFECTIVE_BATCH // SWEEP_WINDOWS_PER_MICRO_BATCH)]
-    return {**cli(*args), "population_model": cfg.population_key(c.network, c.sparse)}
+    return {**cli(*args, *merged_args(c)),
+            "population_model": cfg.population_key(c.network, c.sparse)}
 
 
 def stage_measure(c: StackConfig, art: str) -> dict:

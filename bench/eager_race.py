@@ -11,10 +11,12 @@ too, the simulator's). Three rounds, each one `edgetrain measure --no-select` of
 artifact (the runtime's optimizer step of micro-batch x accumulation) then
 bench/torch_peer.py (the same step in PyTorch eager, a fresh process), so all three see the
 same machine state. Each side runs one warm-up step (its allocator's growth, first-touch
-pages, kernel selection) and then TIMED_STEPS timed steps (SHORT_TIMED_STEPS when a step takes
-under SHORT_STEP_S: a few-millisecond step needs many to be seen through the noise); a round's
-time is the median of its timed steps and the row's time the median of the three rounds.
-Nothing else runs meanwhile. Results: bench/results/eager_race.json; table in docs/results.md
+pages, kernel selection) and then timed steps, as many as the step's time asks
+(timed_steps: a few-millisecond step needs many to be seen through the noise, a step of ten
+seconds or more one, the rounds giving its spread); the first round's portable step, timed
+once, sets the count, and the round is run again with it unless that count is one. A
+round's time is the median of its timed steps and the row's time the median of the three
+rounds. Nothing else runs meanwhile. Results: bench/results/eager_race.json; table in docs/results.md
 (marker `eager-race`).
 """
 from __future__ import annotations
@@ -38,6 +40,14 @@ DOC = ROOT / "docs" / "results.md"
 ROUNDS = 3
 TIMED_STEPS = 3
 SHORT_STEP_S, SHORT_TIMED_STEPS = 0.2, 20
+LONG_STEP_S = 10.0  # a step this long is timed once a round
+
+
+def timed_steps(step_s: float) -> int:
+    """Timed steps a round, for a step that took `step_s` once warm."""
+    if step_s < SHORT_STEP_S:
+        return SHORT_TIMED_STEPS
+    return 1 if step_s >= LONG_STEP_S else TIMED_STEPS
 
 
 def steady_s(times: list[float]) -> float:
@@ -65,13 +75,17 @@ def race(c, tmp: Path) -> dict:
                       c.accumulation, update, target=t) for t in TARGETS}
     trainable = ([t.name for t in load_manifest(arts["portable"]).trainable]
                  if update != "all" else None)
-    steps, ours, theirs = 1 + TIMED_STEPS, {t: [] for t in TARGETS}, []
+    steps, ours, theirs, probing = 2, {t: [] for t in TARGETS}, [], True
     while len(theirs) < ROUNDS:
         for t in TARGETS:
             ours[t].append(steady_s(measured_step(arts[t], c.micro_batch, c.accumulation,
                                                   steps)["step_times_s"]))
-        if ours["portable"][0] < SHORT_STEP_S and steps == 1 + TIMED_STEPS:  # more steps
-            steps, ours = 1 + SHORT_TIMED_STEPS, {t: [] for t in TARGETS}
+            if probing:  # the first portable step, timed once, sets the count
+                probing, steps = False, 1 + timed_steps(ours[t][0])
+                if steps > 2:
+                    break
+        if len(ours["host"]) < len(ours["portable"]):  # the probe asked for more steps
+            ours = {t: [] for t in TARGETS}
             continue
         theirs.append(eager_step_s(c, trainable, steps))
     row = {**stamp(), "config": c.name, "network": c.network, "update": update,

@@ -24,7 +24,9 @@ it makes the guard rank the adapted start as it ranks every trained candidate (b
 
 Rows are appended to bench/results/personalise-<dataset>-<protocol>-<tier>.jsonl as they
 finish, each with the commit, date and machine; a stopped run continues where it stopped, and
-rows of another commit are measured again unless --keep-old. Two runs go at a time, one ORT
+rows of another commit are measured again unless --keep-old. A recipe variant that acts on
+training and selection only takes its label-free rows from the default recipe's rows of the
+same commit (LABEL_FREE_AS_DEFAULT). Two runs go at a time, one ORT
 thread each (nothing here is timed: the tables give accuracy and allocator bytes). A fold's
 artifact is kept in .cache/personalise-folds/, named by its export command and the code commit,
 so the recipes of one tier share their five exports (uncommitted code exports afresh).
@@ -62,6 +64,12 @@ RECIPES = {"default": [],
            "adapt-only": ["--epochs", "0"]}
 # the modes a recipe can run (default: all): without adaptation, label-free has nothing to do
 RECIPE_MODES = {"no-adapt": ("1 label/class", "5 labels/class", "all labels")}
+# Recipes whose arguments act on training and selection only: their label-free runs
+# (adaptation alone, no epochs, no selection) are the default's, so their label-free rows are
+# the default recipe's rows of the same commit, marked `label_free_of` (the same checkpoint
+# byte for byte: tests/test_label_free_recipes.py)
+LABEL_FREE_AS_DEFAULT = ("adapt-guard-windows", "margin-0", "mix-0.5", "mix-validation",
+                         "adapt-only")
 RESULTS = ROOT / "bench" / "results"
 FOLDS = ROOT / ".cache" / "personalise-folds"  # fold artifacts, by export command and code
 PARALLEL_RUNS = 2  # personalisation runs at once, one ORT thread each
@@ -160,6 +168,15 @@ def step_shape(tier: Tier, items: int | None) -> tuple[int, int]:
     return batch, items // batch
 
 
+def default_label_free(default: Path, rows: list[dict], recipe: str, commit: str
+                       ) -> list[dict]:
+    """The label-free rows of `commit` in `default` (the default recipe's file) that `rows`
+    lacks, as rows of `recipe` (LABEL_FREE_AS_DEFAULT)."""
+    have = {r["user"] for r in rows if r["mode"] == "label-free"}
+    return [{**r, "recipe": recipe, "label_free_of": "default"} for r in read_rows(default)
+            if r["mode"] == "label-free" and r["commit"] == commit and r["user"] not in have]
+
+
 def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bool,
          recipe: str = "default") -> None:
     from edgetrain import datasets
@@ -172,6 +189,12 @@ def main(dataset: str, protocol: str, tier: Tier, modes: list[str], keep_old: bo
         print(f"{path.name}: rows of other commits are measured again (--keep-old keeps them)")
         rows = [r for r in rows if r["commit"] == where["commit"]]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if recipe in LABEL_FREE_AS_DEFAULT and "label-free" in modes:
+        default = rows_path(dataset, protocol, tier.device, "default", tier.saved_activations)
+        copied = default_label_free(default, rows, recipe, where["commit"])
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in copied)
+        rows += copied
     done = {(r["user"], r["mode"]) for r in rows}
     classes = len(datasets.recordings(dataset).classes)
     lock = threading.Lock()

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from common import RESULTS, ROOT, code_commit
+from device_sim.layout import fix_address_layout
 from steps import STEPS, Step, by_name
 
 PROGRESS = RESULTS / "progress.json"
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.list:
         print("\n".join(listing(steps, progress)))
         return 0
+    # every step, and every command it starts, without address randomisation: the layout the
+    # device commands would re-execute themselves to get (device_sim/layout.py), given once
+    fix_address_layout()
     return measure(steps, progress) or rebuild(steps)
 
 

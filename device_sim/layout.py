@@ -31,10 +31,24 @@ def fix_address_layout() -> bool:
         return False
 
 
+def layout_is_fixed() -> bool:
+    """Whether this process started without address randomisation (the personality is
+    inherited: a parent that fixed it started this process so)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL(None).personality(ctypes.c_ulong(0xFFFFFFFF))
+                    & ADDR_NO_RANDOMIZE)
+    except (OSError, AttributeError):
+        return False
+
+
 def reexec_with_fixed_layout() -> None:
     """Start this very command again without address randomisation (once: the environment
-    marks the second start). Same pid, arguments and environment."""
-    if os.environ.get(ENV) or not fix_address_layout():
+    marks the second start). Same pid, arguments and environment. A process its parent
+    already started without randomisation (a bench that fixed it for every command it
+    runs) goes on as it is: it has the layout a second start would give it."""
+    if os.environ.get(ENV) or layout_is_fixed() or not fix_address_layout():
         return
     os.environ[ENV] = "1"
     sys.stdout.flush()

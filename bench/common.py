@@ -26,6 +26,17 @@ def run(*args: str) -> str:
     return p.stdout
 
 
+def run_warm(*args: str) -> str:
+    """run(), the command forked from a warm process instead of a fresh Python
+    (device_sim/warmcli.py): for benches that run thousands of short device commands."""
+    from device_sim import warmcli
+
+    p = warmcli.run(*args)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
 RESULTS = ROOT / "bench" / "results"
 FORMAT = 1  # of the stamped files save_results writes; a bare list or dict is an older file
 

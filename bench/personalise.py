@@ -7,9 +7,10 @@
 
 Each fold's population model pretrains on the other users (`edgetrain export --dataset D
 --holdout-user ... --also-holdout ...`) and never sees its held-out users. Every held-out user
-then personalises on the device: a capped `edgetrain personalise` run in a child process with
-the tier's budget, once per mode (label-free BatchNorm adaptation; 1, 5 and all labelled
-windows per class). The protocol is the data set's (edgetrain/datasets.py): for hapt, session
+then personalises on the device: a capped `edgetrain personalise` run in a process of its own
+(forked from a warm one that has imported the CLI: device_sim/warmcli.py) with the tier's
+budget, once per mode (label-free BatchNorm adaptation; 1, 5 and all labelled windows per
+class). The protocol is the data set's (edgetrain/datasets.py): for hapt, session
 1 trains, the end of session 1 validates (on-device selection and the guard), session 2 tests
 and is read once. The recipe (the product's defaults: frozen BatchNorm statistics while
 training, learning rates 1e-4/3e-4/9e-4, 5 epochs, patience 2, a one-window guard margin) was
@@ -43,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common import ROOT, code_commit, command_line, run, stamp
+from common import ROOT, code_commit, command_line, run, run_warm, stamp
 from device_sim.profiles import TIER_PLANS
 from edgetrain.manifest import SAVED_ACTIVATIONS
 
@@ -150,10 +151,10 @@ def fold_artifact(dataset: str, tier: Tier, users: tuple[int, ...], scratch: Pat
 def personalise_user(art: Path, dataset: str, protocol: str, tier: Tier, user: int, mode: str,
                      classes: int, out: Path, recipe: str = "default") -> dict:
     batch, k = step_shape(tier, classes if mode == "1 label/class" else None)
-    return json.loads(run("personalise", str(art), "--user", str(user), "--dataset", dataset,
-                          "--protocol", protocol, "--device", tier.device, "--micro-batch",
-                          str(batch), "--accumulate", str(k), "--epochs", str(EPOCHS),
-                          "--out", str(out), "--json", *MODES[mode], *RECIPES[recipe]))
+    return json.loads(run_warm(
+        "personalise", str(art), "--user", str(user), "--dataset", dataset, "--protocol",
+        protocol, "--device", tier.device, "--micro-batch", str(batch), "--accumulate", str(k),
+        "--epochs", str(EPOCHS), "--out", str(out), "--json", *MODES[mode], *RECIPES[recipe]))
 
 
 def step_shape(tier: Tier, items: int | None) -> tuple[int, int]:

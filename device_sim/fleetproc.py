@@ -54,19 +54,27 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def start_server() -> subprocess.Popen:
+    """A new fork server (it serves one run at a time: a caller with runs side by side
+    starts one per thread)."""
+    return subprocess.Popen([sys.executable, "-m", "device_sim.fleetproc"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
 def server() -> subprocess.Popen:
     """This process's fork server, started at the first run (and again if it died)."""
     global _server
     if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, "-m", "device_sim.fleetproc"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        _server = start_server()
     return _server
 
 
-def fork_run(target, args: tuple, lock: str | os.PathLike | None = None) -> tuple[int, int]:
-    """Run target(*args) in a child of this process's fork server, holding the file lock
-    `lock` if given; (the child's pid, its exit status: negative for a signal)."""
-    s = server()
+def fork_run(target, args: tuple, lock: str | os.PathLike | None = None,
+             via: subprocess.Popen | None = None) -> tuple[int, int]:
+    """Run target(*args) in a child of the fork server `via` (default: this process's),
+    holding the file lock `lock` if given; (the child's pid, its exit status: negative for a
+    signal)."""
+    s = via or server()
     try:
         pickle.dump((target, args, None if lock is None else str(lock)), s.stdin)
         s.stdin.flush()

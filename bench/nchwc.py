@@ -1,14 +1,16 @@
 """Depthwise convolutions in ORT's NCHWc kernels (exporters/passes/nchwc.py): layer by layer, and C6's
 whole step with and without them.
 
-    .venv/bin/python bench/nchwc.py      # ~10 min on 2 cores
+    .venv/bin/python bench/nchwc.py      # ~5 min on 2 cores
 
 1. Each depthwise layer of C6's patch MobileNet (width 1.0, 32x32 patches) as a one-node
    graph at 1 and 28 patches: ORT's Conv against the rewrite (both reorders included), 2
    threads, the median of 60 runs after 5 warm-ups, and the largest difference.
 2. C6's configuration (untrained; 10% of weights kept, recompute sqrt) exported at micro-batch
-   1 with --nchwc and --no-nchwc, each measured (`edgetrain measure --steps 3`, the median
-   step of 1,568 patches) at micro-batch 1 and 28, the four in turn for ROUNDS rounds.
+   1 with --nchwc and --no-nchwc, each measured at micro-batch 1 and 28, the four in turn for
+   ROUNDS rounds: a round times one step (`edgetrain measure --steps 1`: 1,568 patches, 1,568
+   or 56 micro-batches, of which only the first grows the arena), a row is the median of its
+   rounds.
 Results: bench/results/nchwc.json; tables in docs/results.md (markers `nchwc-layers`,
 `nchwc-step`).
 """
@@ -29,6 +31,7 @@ from exporters.predictor.shapes import tensor_shapes
 
 DOC = ROOT / "docs" / "results.md"
 THREADS, RUNS, WARMUP, ROUNDS = 2, 60, 5, 3
+STEPS = 1  # timed steps a round of the C6 step: one is 8-25 s of 56-1,568 micro-batches
 # the patch MobileNet's depthwise layers at width 1.0: (channels, input side, stride)
 LAYERS = [(32, 32, 1), (64, 32, 2), (128, 16, 1), (128, 16, 2), (256, 8, 1), (256, 8, 2),
           (512, 4, 1), (1024, 4, 1)]
@@ -82,7 +85,7 @@ def step_rows() -> list[dict]:
         for _ in range(ROUNDS):
             for (flag, batch), got in times.items():
                 d = json.loads(run("measure", str(arts[flag]), "--batch", str(batch),
-                                   "--accumulate", str(1568 // batch), "--steps", "3",
+                                   "--accumulate", str(1568 // batch), "--steps", str(STEPS),
                                    "--no-select", "--json"))
                 got.append(d["step_time_s"])
                 peaks[(flag, batch)] = (d["peak_bytes"], d["predicted_peak_bytes"])

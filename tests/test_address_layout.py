@@ -14,10 +14,14 @@ CHILD = ("import json, os, device_sim.layout as l; l.reexec_with_fixed_layout();
 
 def started(parent_fixes: bool) -> list:
     return device_python(f"""
-import subprocess, sys
-from device_sim.layout import fix_address_layout
+import ctypes, subprocess, sys
+from device_sim.layout import ADDR_NO_RANDOMIZE, fix_address_layout
 if {parent_fixes!r}:
     assert fix_address_layout()
+else:  # randomisation on, whatever this test process was started with
+    libc = ctypes.CDLL(None)
+    now = libc.personality(ctypes.c_ulong(0xFFFFFFFF))
+    libc.personality(ctypes.c_ulong(now & ~ADDR_NO_RANDOMIZE))
 p = subprocess.run([sys.executable, "-c", {CHILD!r}], capture_output=True, text=True)
 print(p.stdout.strip().splitlines()[-1])
 """)

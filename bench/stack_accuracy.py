@@ -21,8 +21,9 @@ def protocol(config: str, session: bool = False) -> str:
 def test_summary(run: dict) -> dict:
     """What the report keeps of a run: its accuracies and which test windows were right."""
     return {k: run.get(k) for k in ("accuracy_before", "accuracy_after", "optimizer_steps",
-                                    "mask_updates", "test_correct_before",
-                                    "test_correct_after", "test_recordings")}
+                                    "mask_updates", "micro_batch", "accumulation_steps",
+                                    "test_correct_before", "test_correct_after",
+                                    "test_recordings")}
 
 
 def user_test(run: dict) -> UserTest | None:
@@ -77,6 +78,13 @@ def spread(values: list[int]) -> str:
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
 
+def split(runs: list[dict]) -> str:
+    """The runs' micro-batch x accumulation (the items of one micro-batch, a patch for C6-C7)."""
+    shapes = sorted({(r.get("micro_batch"), r.get("accumulation_steps")) for r in runs},
+                    key=str)
+    return ", ".join("–" if None in s else f"{s[0]} × {s[1]}" for s in shapes)
+
+
 def accuracy_line(config: str, test: dict) -> str:
     runs, g = test["runs"], test["gain"]
     before = [r["accuracy_before"] for r in runs]
@@ -85,7 +93,7 @@ def accuracy_line(config: str, test: dict) -> str:
     recordings = f" ({g['recordings']})" if g else ""
     return (f"| {config} | {test['protocol']} | {len(runs)}{recordings} "
             f"| {sum(before) / len(runs):.3f} → {sum(after) / len(runs):.3f} | {interval(g)} "
-            f"| {below} | {spread([r['optimizer_steps'] for r in runs])} "
+            f"| {below} | {spread([r['optimizer_steps'] for r in runs])} | {split(runs)} "
             f"| {spread([r['mask_updates'] for r in runs])} |")
 
 
@@ -94,7 +102,8 @@ def accuracy_table(rs: list[dict]) -> list[str]:
     row with a cross-session data set, on its later session."""
     lines = ["| config | tested on | users (test recordings) | accuracy before → after "
              "| gain, points (95% interval) | users below their start | optimizer steps "
-             "| mask updates |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| micro-batch × steps | mask updates |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(accuracy_line(r["config"], r))
         if r.get("session"):

@@ -90,12 +90,13 @@ class StackConfig:
 
     def personalise_key(self) -> str:
         """key() plus the personalisation recipe with the chosen learning rate: a new recipe
-        never reuses old runs. '-p-lr-pending' until this model's sweep has finished."""
+        never reuses old runs. '-p-lr-pending' until this model's sweep has finished. How a
+        step's windows are split into micro-batches is not in it: the update is the same
+        (merged_micro_batches), and each run says its split (the accuracy table shows it)."""
         lr = chosen_lr(self)
         if lr is None:
             return f"{self.key()}-p-lr-pending"
-        merged = {"merged": True} if merged_micro_batches(self) else {}
-        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr}, **merged)}"
+        return f"{self.key()}-p{recipe_hash(self, {**PERSONALISE, 'lr': lr})}"
 
     def sweep_config(self) -> "StackConfig":
         """The configuration whose artifact the learning-rate sweep runs for this population

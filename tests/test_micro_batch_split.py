@@ -49,3 +49,12 @@ def test_the_stack_merges_only_micro_batches_under_eight_windows():
     for c in STACK:  # every accuracy run still takes steps of the same 32 windows
         items, accumulation = merged_micro_batches(c) or (c.micro_batch, c.accumulation)
         assert items * accumulation == 32 * c.items_per_window
+
+
+def test_the_accuracy_table_says_how_the_runs_split_their_steps():
+    from stack_accuracy import split
+
+    assert split([{"micro_batch": 8, "accumulation_steps": 4}] * 3) == "8 × 4"
+    assert split([{"micro_batch": 1, "accumulation_steps": 32},
+                  {"micro_batch": 8, "accumulation_steps": 4}]) == "1 × 32, 8 × 4"
+    assert split([{"accuracy_after": 0.5}]) == "–"  # a run from before runs said

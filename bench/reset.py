@@ -4,18 +4,15 @@
 
 Prunes the population model (user 10 held out) by magnitude to 0/50/80/90/95% sparsity, with
 three per-layer allocations: uniform (layerwise magnitude pruning), global (one threshold
-over all layers: global magnitude pruning; seed 003 uses both) and ERK, then runs `edgetrain
-reset-bn` on device: BatchNorm statistics re-estimated from forward passes over at most 256 of
-user 10's personalisation samples, inside the watchos-extension budget. Accuracy on user 10's
-test arm before and after. The dense model first (its export pretrains the population model
-once), then the pruned ones two at a time, one ORT thread each (nothing here is timed).
-Writes bench/results/reset.json and the table in docs/sparse.md.
+over all layers: global magnitude pruning; seed 003 uses both) and ERK, then runs `edgetrain reset-bn` on device: BatchNorm
+statistics re-estimated from forward passes over at most 256 of user 10's personalisation
+samples, inside the watchos-extension budget. Accuracy on user 10's test arm before and
+after. Writes bench/results/reset.json and the table in docs/sparse.md.
 """
 from __future__ import annotations
 
 import json
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import ROOT, measure_or_report, replace_table, run
@@ -23,31 +20,28 @@ from common import ROOT, measure_or_report, replace_table, run
 SPARSITIES = (0.0, 0.5, 0.8, 0.9, 0.95)
 ALLOCATIONS = ("uniform", "global", "erk")
 DEVICE, USER, SAMPLES = "watchos-extension", 10, 256
-PARALLEL_RUNS = 2  # pruned models exported and reset at once
-
-
-def one(tmp: Path, allocation: str, sparsity: float) -> dict:
-    art = tmp / f"{allocation}-{sparsity}"
-    run("export", "--model", "patch_mobilenet", "--holdout-user", str(USER),
-        "--density", str(round(1 - sparsity, 4)), "--mask-allocation", allocation,
-        "--mask-init", "magnitude", "--out", str(art))
-    r = json.loads(run("reset-bn", str(art), "--user", str(USER), "--device", DEVICE,
-                       "--samples", str(SAMPLES), "--threads", "1", "--out",
-                       str(tmp / f"run-{allocation}-{sparsity}"), "--json"))
-    row = {"allocation": allocation, "sparsity": sparsity, **r}
-    print(json.dumps({k: row[k] for k in ("allocation", "sparsity", "samples",
-                                          "accuracy_before", "accuracy_after")}), flush=True)
-    return row
 
 
 def measure() -> list[dict]:
-    cases = [(a, s) for a in ALLOCATIONS for s in SPARSITIES
-             if s > 0 or a == ALLOCATIONS[0]]  # dense is dense
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [one(Path(tmp), *cases[0])]  # the dense model: pretrains the population once
-        with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-            jobs = [pool.submit(one, Path(tmp), *case) for case in cases[1:]]
-            return rows + [job.result() for job in jobs]
+        for allocation in ALLOCATIONS:
+            for sparsity in SPARSITIES:
+                if sparsity == 0 and allocation != ALLOCATIONS[0]:
+                    continue  # dense is dense
+                art = Path(tmp) / f"{allocation}-{sparsity}"
+                run("export", "--model", "patch_mobilenet", "--holdout-user", str(USER),
+                    "--density", str(round(1 - sparsity, 4)), "--mask-allocation", allocation,
+                    "--mask-init", "magnitude", "--out", str(art))
+                r = json.loads(run("reset-bn", str(art), "--user", str(USER), "--device",
+                                   DEVICE, "--samples", str(SAMPLES), "--out",
+                                   str(Path(tmp) / f"run-{allocation}-{sparsity}"), "--json"))
+                row = {"allocation": allocation, "sparsity": sparsity, **r}
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("allocation", "sparsity", "samples",
+                                                      "accuracy_before", "accuracy_after")}),
+                      flush=True)
+    return rows
 
 
 def report(rows: list[dict]) -> None:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 import stack_config as cfg
 from edgetrain.atomicfile import atomic_write
-from stack_config import (ARTIFACT_LR, ARTIFACTS, CROSS_SESSION, DENSITY, EFFECTIVE_BATCH,
+from stack_config import (ARTIFACT_LR, ARTIFACTS, CROSS_SESSION, DENSITY,
                           HELD_OUT_USERS, LR_CANDIDATES, MASK_UPDATES, PERSONALISE, PROFILE,
                           ROOT, STACK, VAL_FRACTION, StackConfig, chosen_lr, cli,
                           personalise_name, pretrain_config, saved, session_folds,

@@ -18,29 +18,32 @@ ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
 ENV = "EDGETRAIN_FIXED_LAYOUT"
 
 
+def _personality():
+    """(libc, this process's personality), or None where Linux's personality(2) is missing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        return libc, libc.personality(ctypes.c_ulong(0xFFFFFFFF))  # 0xFFFFFFFF: only query
+    except (OSError, AttributeError):
+        return None
+
+
 def fix_address_layout() -> bool:
     """Turn address randomisation off for programs this process starts from now on (and
     for itself after an exec). Returns False where that is not possible."""
-    if not sys.platform.startswith("linux"):
+    got = _personality()
+    if got is None:
         return False
-    try:
-        libc = ctypes.CDLL(None)
-        current = libc.personality(ctypes.c_ulong(0xFFFFFFFF))
-        return libc.personality(ctypes.c_ulong(current | ADDR_NO_RANDOMIZE)) != -1
-    except (OSError, AttributeError):
-        return False
+    libc, current = got
+    return libc.personality(ctypes.c_ulong(current | ADDR_NO_RANDOMIZE)) != -1
 
 
 def layout_is_fixed() -> bool:
     """Whether this process started without address randomisation (the personality is
     inherited: a parent that fixed it started this process so)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return bool(ctypes.CDLL(None).personality(ctypes.c_ulong(0xFFFFFFFF))
-                    & ADDR_NO_RANDOMIZE)
-    except (OSError, AttributeError):
-        return False
+    got = _personality()
+    return got is not None and bool(got[1] & ADDR_NO_RANDOMIZE)
 
 
 def reexec_with_fixed_layout() -> None:

@@ -11,10 +11,11 @@ too, the simulator's). Three rounds, each one `edgetrain measure --no-select` of
 artifact (the runtime's optimizer step of micro-batch x accumulation) then
 bench/torch_peer.py (the same step in PyTorch eager, a fresh process), so all three see the
 same machine state. Each side runs one warm-up step (its allocator's growth, first-touch
-pages, kernel selection) and then timed steps, as many as the step's time asks
-(timed_steps: a few-millisecond step needs many to be seen through the noise, a step of ten
-seconds or more one, the rounds giving its spread); the first round's portable step, timed
-once, sets the count, and the round is run again with it unless that count is one. A
+pages, kernel selection), but in a step of WARM_IN_STEP micro-batches or more (C6, C7: 1,568),
+whose first micro-batch warms up within it, and then timed steps, as many as the step's time
+asks (timed_steps: a few-millisecond step needs many to be seen through the noise, a step of
+five seconds or more one, the rounds giving its spread); the first round's portable step,
+timed once, sets the count, and the round is run again with it unless that count is one. A
 round's time is the median of its timed steps and the row's time the median of the three
 rounds. Nothing else runs meanwhile. Results: bench/results/eager_race.json; table in docs/results.md
 (marker `eager-race`).
@@ -40,7 +41,11 @@ DOC = ROOT / "docs" / "results.md"
 ROUNDS = 3
 TIMED_STEPS = 3
 SHORT_STEP_S, SHORT_TIMED_STEPS = 0.2, 20
-LONG_STEP_S = 10.0  # a step this long is timed once a round
+LONG_STEP_S = 5.0  # a step this long is timed once a round
+# a step of this many micro-batches is its own warm-up: only its first micro-batch grows the
+# arena (as bench/nchwc.py times C6); measured at 3 steps, C7's first portable step took 7.69 s,
+# the next two 8.43 and 7.69 s, and PyTorch eager's 10.37, 13.15 and 10.37 s
+WARM_IN_STEP = 100
 
 
 def timed_steps(step_s: float) -> int:
@@ -50,9 +55,14 @@ def timed_steps(step_s: float) -> int:
     return 1 if step_s >= LONG_STEP_S else TIMED_STEPS
 
 
-def steady_s(times: list[float]) -> float:
-    """The median step after the first (the warm-up)."""
-    return statistics.median(times[1:])
+def warm_up_steps(accumulation: int) -> int:
+    """Untimed steps before the timed ones, for a step of `accumulation` micro-batches."""
+    return 0 if accumulation >= WARM_IN_STEP else 1
+
+
+def steady_s(times: list[float], warm_up: int) -> float:
+    """The median step after the warm-up steps."""
+    return statistics.median(times[warm_up:])
 
 
 def eager_step_s(c, trainable: list[str] | None, steps: int) -> float:
@@ -64,7 +74,7 @@ def eager_step_s(c, trainable: list[str] | None, steps: int) -> float:
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"torch peer {c.name} failed:\n{p.stderr[-3000:]}")
-    return steady_s(json.loads(p.stdout)["step_times_s"])
+    return steady_s(json.loads(p.stdout)["step_times_s"], warm_up_steps(c.accumulation))
 
 
 def race(c, tmp: Path) -> dict:
@@ -75,22 +85,25 @@ def race(c, tmp: Path) -> dict:
                       c.accumulation, update, target=t) for t in TARGETS}
     trainable = ([t.name for t in load_manifest(arts["portable"]).trainable]
                  if update != "all" else None)
-    steps, ours, theirs, probing = 2, {t: [] for t in TARGETS}, [], True
+
+    warm = warm_up_steps(c.accumulation)
+
+    def ours_s(target: str, steps: int) -> float:
+        return steady_s(measured_step(arts[target], c.micro_batch, c.accumulation,
+                                      steps)["step_times_s"], warm)
+
+    probe = ours_s("portable", warm + 1)  # one timed portable step sets the count
+    steps = warm + timed_steps(probe)
+    ours = {t: [probe] if steps == warm + 1 and t == "portable" else [] for t in TARGETS}
+    theirs: list[float] = []  # the probe is round one's portable time when one step is timed
     while len(theirs) < ROUNDS:
         for t in TARGETS:
-            ours[t].append(steady_s(measured_step(arts[t], c.micro_batch, c.accumulation,
-                                                  steps)["step_times_s"]))
-            if probing:  # the first portable step, timed once, sets the count
-                probing, steps = False, 1 + timed_steps(ours[t][0])
-                if steps > 2:
-                    break
-        if len(ours["host"]) < len(ours["portable"]):  # the probe asked for more steps
-            ours = {t: [] for t in TARGETS}
-            continue
+            if len(ours[t]) == len(theirs):
+                ours[t].append(ours_s(t, steps))
         theirs.append(eager_step_s(c, trainable, steps))
     row = {**stamp(), "config": c.name, "network": c.network, "update": update,
            "micro_batch": c.micro_batch, "accumulation": c.accumulation,
-           "timed_steps": steps - 1, "eager_step_s": theirs,
+           "warm_up_steps": warm, "timed_steps": steps - warm, "eager_step_s": theirs,
            "eager_median_s": statistics.median(theirs)}
     for t in TARGETS:
         row[f"{t}_step_s"] = ours[t]

@@ -38,6 +38,11 @@ def run_warm(*args: str) -> str:
 
 
 RESULTS = ROOT / "bench" / "results"
+# A step of this many micro-batches or more is its own warm-up: only its first micro-batch grows
+# the arena, so benches time it without an untimed step first (C6 and C7: 1,568). Measured at 3
+# steps: C7's first portable step took 7.69 s, the next two 8.43 and 7.69 s; PyTorch eager's
+# 10.37, 13.15 and 10.37 s.
+WARM_IN_STEP = 100
 FORMAT = 1  # of the stamped files save_results writes; a bare list or dict is an older file
 
 

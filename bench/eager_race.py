@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, load_results, replace_table, save_results, stamp
+from common import ROOT, WARM_IN_STEP, load_results, replace_table, save_results, stamp
 from heavy import HEAVY_HELP, NOT_RECORDED, kept_rows, part
 from planner import export, measured_step
 from stack_config import DENSITY, STACK
@@ -42,10 +42,6 @@ ROUNDS = 3
 TIMED_STEPS = 3
 SHORT_STEP_S, SHORT_TIMED_STEPS = 0.2, 20
 LONG_STEP_S = 5.0  # a step this long is timed once a round
-# a step of this many micro-batches is its own warm-up: only its first micro-batch grows the
-# arena (as bench/nchwc.py times C6); measured at 3 steps, C7's first portable step took 7.69 s,
-# the next two 8.43 and 7.69 s, and PyTorch eager's 10.37, 13.15 and 10.37 s
-WARM_IN_STEP = 100
 
 
 def timed_steps(step_s: float) -> int:

@@ -57,6 +57,7 @@ class Measurement:
     # every timed step in order (the first includes the arena's growth: a steady-state time
     # is the median of the rest)
     step_times_s: tuple[float, ...] = ()
+    optimizer_steps: int = 0  # the cycle's: the timed ones and the restarted candidate's one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,7 +103,8 @@ def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = 
                          breakdown=per, batch=batch, step_time_s=probe["step_time_s"],
                          process_peak_rss_bytes=probe["peak_rss_bytes"],
                          torch_loaded=probe["torch_loaded"], threads=probe["threads"],
-                         step_times_s=tuple(probe["step_times_s"]))
+                         step_times_s=tuple(probe["step_times_s"]),
+                         optimizer_steps=probe["optimizer_steps"])
     if budget_bytes is not None and result.peak_bytes > budget_bytes:
         # The runtime's cap is exact (edgetrain/budget.py); this check guards what it rests
         # on (ORT reserving bytes past the arena's limit), so a run can never be reported as
@@ -170,22 +172,24 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
         if stats:
             mark("other")
             rt.reset_batchnorm(lambda: [x] * accumulation, group=accumulation)
-        times = []
+        times, stepped = [], [0]
 
         def train(timed: bool = True) -> None:
             mark("train")
-            for _ in range(steps):
+            for _ in range(steps if timed else 1):
                 t0 = time.perf_counter()
                 for _ in range(accumulation):
                     rt.train_micro_batch(x, y)
                 rt.optimizer_step(1.0 / accumulation)
+                stepped[0] += 1
                 if timed:  # --steps timed steps, the first candidate's
                     times.append(time.perf_counter() - t0)
         if select:
             mark("other")
             rt.save_checkpoint(Path(tmp) / "start", optimizer_state=False)
         train()
-        if select:  # score, keep the best, restart the next candidate, load the best back
+        if select:  # score, keep the best, restart the next candidate (one step: a step's
+            # memory is the same every step, as the first candidate's are), load the best back
             mark("eval")
             rt.eval_logits(x)
             mark("other")
@@ -217,7 +221,7 @@ def _probe(artifact: str, batch: int, budget: int, accumulation: int, steps: int
     torch_loaded = sys.modules.get("torch") is not None
     Path(tmp, "probe.json").write_text(json.dumps({
         "step_time_s": float(np.median(times)), "step_times_s": times,
-        "peak_rss_bytes": peak_rss_bytes(),
+        "optimizer_steps": stepped[0], "peak_rss_bytes": peak_rss_bytes(),
         "torch_loaded": torch_loaded, "threads": rt.threads}))
 
 

@@ -207,3 +207,17 @@ def test_every_picture_splits_measures_activations_into_parts_that_sum_to_it(tin
     assert int(svg.get("data-activation-bytes")) == sum(labels) == measured
     assert not [g.get("data-block") for g in svg.iter(ns + "g")
                 if (g.get("data-block") or "").endswith("_Grad")]  # gradients sit in blocks
+
+
+def test_selection_replays_one_restarted_step_and_the_peak_does_not_depend_on_steps(
+        tiny_artifact):
+    """measure's replay of selection restarts a candidate for one optimizer step, whatever
+    --steps times: a step's memory is the same every step, so the peak is the same at 1 or 4
+    timed steps, with or without the replay."""
+    one, four = measure_json(tiny_artifact, "--steps", "1"), measure_json(tiny_artifact,
+                                                                        "--steps", "4")
+    assert (one["optimizer_steps"], four["optimizer_steps"]) == (2, 5)
+    assert len(four["step_times_s"]) == 4
+    assert one["peak_bytes"] == four["peak_bytes"]
+    bare = measure_json(tiny_artifact, "--steps", "4", "--no-select")
+    assert bare["optimizer_steps"] == 4 and bare["peak_bytes"] <= four["peak_bytes"]

@@ -32,3 +32,22 @@ def test_masking_fidelity_reports_dense_masked_and_reset_accuracy():
     assert found["users"] == [10] and found["windows"] == 20 and found["reset_windows"] == 40
     for key in ("accuracy_dense", "accuracy_masked", "accuracy_masked_reset"):
         assert 0.0 <= found[key] <= 1.0
+
+
+def test_the_export_skips_the_masking_check_when_asked_and_the_artifact_is_the_same(tmp_path):
+    """export_named(check_masking=False) (`export --no-masking-check`) writes no `masking`
+    record and the same files ORT reads; the default measures it on the held-out users."""
+    from edgetrain.manifest import Plan
+    from exporters.export import ExportOptions
+    from exporters.models.pretrain import PretrainConfig, export_named
+
+    cfg = PretrainConfig(model="imu_cnn", width=0.25, epochs=1, dataset="watch")
+    options = ExportOptions(plan=Plan(micro_batch=4), density=0.5)
+    checked, skipped = (export_named(cfg, tmp_path / name, options, cache_dir=tmp_path / "c",
+                                     show_progress=False, check_masking=check)
+                        for name, check in (("checked", True), ("skipped", False)))
+    assert checked.provenance["masking"]["density"] == 0.5
+    assert checked.provenance["masking"]["users"] == [cfg.holdout_user]
+    assert "masking" not in skipped.provenance
+    assert {r: f.sha256 for r, f in checked.files.items()} == {
+        r: f.sha256 for r, f in skipped.files.items()}

@@ -81,6 +81,9 @@ def record_measured_peak(out, m):
               help="Per-layer densities: ERK, one global magnitude threshold, or uniform.")
 @click.option("--mask-init", type=click.Choice(["magnitude", "random"]), default="magnitude",
               show_default=True, help="Which weights the first mask keeps.")
+@click.option("--masking-check/--no-masking-check", default=True, show_default=True,
+              help="With --density below 1: the accuracy dense, masked and after BatchNorm "
+                   "RESET on the held-out users (torch, host); off skips it, e.g. in a sweep.")
 @click.option("--update", default="all", show_default=True, metavar="PLAN",
               help="What trains on the device: all, head (the last layer), bias (biases and "
                    "norm scales/shifts), bias-only (biases and norm shifts), last:K (the last K layers), or PyTorch parameter "
@@ -144,7 +147,7 @@ def record_measured_peak(out, m):
 def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_batch, accumulate,
            threads,
            epochs, lr, no_cache, recompute, recompute_time, device, budget, density,
-           mask_allocation, mask_init,
+           mask_allocation, mask_init, masking_check,
            update, int8_frozen, plan_mode, plan_updates, plan_densities, weight_grad,
            plan_weight_grads, target, nchwc, dense_build, batchnorm_adapt, saved_activations, sign_key,
            as_json):
@@ -195,7 +198,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                 recompute_budget_bytes=budget_bytes if recompute_plan == "budget" else None,
                 update_budget_bytes=budget_bytes if update_plan == "auto" else None),
                 cache_dir=None if no_cache else Path(".cache/pretrain"),
-                show_progress=not as_json)
+                show_progress=not as_json, check_masking=masking_check)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)
             return m
@@ -258,6 +261,8 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
         elif m.provenance.get("steps") == 0:
             click.echo("  what masking costs: not measured, the network is untrained "
                        "(--epochs 0: at chance, dense or masked)")
+        elif not masking_check and m.masks:
+            click.echo("  what masking costs: not measured (--no-masking-check)")
     if m.plan.recompute != "none":
         click.echo(f"recompute ({m.plan.recompute}): {len(m.plan.checkpoints)} checkpoints, "
                    f"{len(m.plan.recomputed)} tensors recomputed in backward"

@@ -35,7 +35,7 @@ def test_masking_fidelity_reports_dense_masked_and_reset_accuracy():
 
 
 def test_the_export_skips_the_masking_check_when_asked_and_the_artifact_is_the_same(tmp_path):
-    """export_named(check_masking=False) (`export --no-masking-check`) writes no `masking`
+    """ExportOptions(masking_check=False) (`export --no-masking-check`) writes no `masking`
     record and the same files ORT reads; the default measures it on the held-out users."""
     from edgetrain.manifest import Plan
     from exporters.export import ExportOptions
@@ -43,8 +43,8 @@ def test_the_export_skips_the_masking_check_when_asked_and_the_artifact_is_the_s
 
     cfg = PretrainConfig(model="imu_cnn", width=0.25, epochs=1, dataset="watch")
     options = ExportOptions(plan=Plan(micro_batch=4), density=0.5)
-    checked, skipped = (export_named(cfg, tmp_path / name, options, cache_dir=tmp_path / "c",
-                                     show_progress=False, check_masking=check)
+    checked, skipped = (export_named(cfg, tmp_path / name, options.replace(masking_check=check),
+                                     cache_dir=tmp_path / "c", show_progress=False)
                         for name, check in (("checked", True), ("skipped", False)))
     assert checked.provenance["masking"]["density"] == 0.5
     assert checked.provenance["masking"]["users"] == [cfg.holdout_user]

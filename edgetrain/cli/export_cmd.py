@@ -186,7 +186,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
             lr=lr, recompute=recompute, density=density, mask_allocation=mask_allocation,
             recompute_budget_bytes=budget_bytes if recompute == "budget" else None,
             **({} if recompute_time is None else {"recompute_time_ratio": recompute_time}),
-            mask_init=mask_init, int8_frozen=int8_frozen, nchwc=nchwc,
+            mask_init=mask_init, int8_frozen=int8_frozen, nchwc=nchwc, masking_check=masking_check,
             target=target or (PROFILES[device].target if device else None))
 
         def build(folder, recompute_plan, update_plan, kept=density, grads=weight_grad,
@@ -198,7 +198,7 @@ def export(model_name, out, width, dataset, holdout_user, also_holdout, micro_ba
                 recompute_budget_bytes=budget_bytes if recompute_plan == "budget" else None,
                 update_budget_bytes=budget_bytes if update_plan == "auto" else None),
                 cache_dir=None if no_cache else Path(".cache/pretrain"),
-                show_progress=not as_json, check_masking=masking_check)
+                show_progress=not as_json)
             if update_plan == "auto":  # the choice, measured as the device runs it
                 m = record_measured_peak(Path(folder), m)
             return m

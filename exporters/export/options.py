@@ -28,7 +28,8 @@ class ExportOptions:
     recompute_time_ratio times the FLOPs of the step without recompute). density, mask_allocation, mask_init, mask_seed:
     sparse masks (exporters/plans/sparse.py). int8_frozen: frozen weights in 8 bits.
     target: portable (default), arm64 or host (edgetrain/targets.py); nchwc: this machine's
-    NCHWc kernels (host only). sign_key: an Ed25519 private key file (edgetrain/signing.py)."""
+    NCHWc kernels (host only). sign_key: an Ed25519 private key file (edgetrain/signing.py).
+    masking_check: export_named measures what masking a trained model costs (host, torch)."""
     plan: Plan = Plan()
     lr: float = 1e-3
     trainable: tuple[str, ...] | None = None
@@ -46,6 +47,7 @@ class ExportOptions:
     target: str | None = None
     nchwc: bool | None = None
     sign_key: str | None = None
+    masking_check: bool = True
 
     def __post_init__(self):
         if self.trainable is not None:

@@ -149,7 +149,7 @@ def _train(model, cfg: PretrainConfig, spec, signals, yw, show_progress: bool,
 
 def export_named(cfg: PretrainConfig, out: str | Path, options: ExportOptions = ExportOptions(),
                  cache_dir: Path | None = Path(".cache/pretrain"),
-                 show_progress: bool = True, check_masking: bool = True) -> Manifest:
+                 show_progress: bool = True) -> Manifest:
     """Pretrain (or load) the population model of `cfg` and export it as an artifact: what
     `edgetrain export` runs, with the same options object (exporters/export/options.py).
 
@@ -158,8 +158,8 @@ def export_named(cfg: PretrainConfig, out: str | Path, options: ExportOptions = 
     manifest's provenance). int8_frozen: the effect on the population model's accuracy
     (FIDELITY_WINDOWS population windows) goes into the provenance. Masks: those of cfg.dst
     (its kept weights are the only nonzero ones) unless options.density is below 1.
-    check_masking: a pruned trained model's accuracy dense, masked and after RESET on the
-    held-out users goes into the provenance (`masking`); False skips those evaluations."""
+    options.masking_check: a pruned trained model's accuracy dense, masked and after RESET on
+    the held-out users goes into the provenance (`masking`); False skips those evaluations."""
     key = signing.private_key(options.sign_key) if options.sign_key else None  # before work
     options = options.replace(sign_key=None)  # signed last: the provenance grows below
     model, summary = pretrain(cfg, cache_dir, show_progress)
@@ -192,7 +192,8 @@ def export_named(cfg: PretrainConfig, out: str | Path, options: ExportOptions = 
                         update_score=score, **shape)
     # what pruning cost; an untrained network (--epochs 0) is at chance dense or masked, and
     # the three evaluations took minutes (C7: 627 s of a 654 s export): not measured
-    if check_masking and options.density < 1 and cfg.dst is None and summary.get("steps") != 0:
+    if (options.masking_check and options.density < 1 and cfg.dst is None
+            and summary.get("steps") != 0):
         recs = datasets.recordings(cfg.dataset)
         mask_options = {"density": options.density, "mask_allocation": options.mask_allocation,
                         "mask_init": options.mask_init}

@@ -147,13 +147,28 @@ def summary_lines() -> list[str]:
     return lines
 
 
-def commits_of(name: str) -> set[str]:
-    """The commits the rows of result `name` (.json or the personalisation runs' .jsonl) were
-    measured at."""
+def stamps_of(name: str) -> list[dict]:
+    """Where each row of result `name` (.json or the personalisation runs' .jsonl) was
+    measured: its commit, date and machine."""
     doc = read_stamped(name)
     if doc is not None:
-        return {s["commit"] or "not recorded" for s in row_stamps(doc)}
-    return {r.get("commit") or "not recorded" for r in read_rows(RESULTS / f"{name}.jsonl")}
+        return row_stamps(doc)
+    return [{k: r.get(k) for k in ("commit", "date", "machine")}
+            for r in read_rows(RESULTS / f"{name}.jsonl")]
+
+
+def commits_of(name: str) -> set[str]:
+    """The commits the rows of result `name` were measured at."""
+    return {s["commit"] or "not recorded" for s in stamps_of(name)}
+
+
+def run_machines() -> list[str]:
+    """The machines the default steps' rows of progress.json's code were measured on (rows
+    that name one): where the run that the step times come from ran."""
+    code = load_progress().get("code")
+    names = {n for s in STEPS if not s.full for n in s.writes}
+    return sorted({s["machine"] for n in names for s in stamps_of(n)
+                   if s["commit"] == code and s["machine"]})
 
 
 def provenance_line() -> str:
@@ -206,10 +221,14 @@ def duration_line() -> str:
     steps = [s for s in STEPS if not s.full]
     hours = sum(times[s.name] / 3600 if s.name in times else s.estimate_min / 60 for s in steps)
     measured = sum(s.name in times for s in steps)
+    machines = run_machines()
+    where = (" and ".join(machines) + " (where the run of this page's commit ran; another "
+             "CPU takes another time)") if machines else "2 cores"
     return (f"A whole `make results` ({len(steps)} steps; `--full` adds "
-            f"{len(STEPS) - len(steps)}) takes about {hours:.1f} h on 2 cores: {measured} "
-            f"steps' times as their last run measured them, {len(steps) - measured} "
-            "estimated (`.venv/bin/python bench/all.py --list` gives each).")
+            f"{len(STEPS) - len(steps)}) takes about {hours:.1f} h on {where}: "
+            f"{measured} steps' times as their last run measured them, "
+            f"{len(steps) - measured} estimated (`.venv/bin/python bench/all.py --list` "
+            "gives each).")
 
 
 def readme_text(text: str) -> str:

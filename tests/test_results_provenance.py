@@ -71,6 +71,19 @@ def test_a_default_steps_file_of_another_commit_is_not_a_whole_run(repo, monkeyp
     assert summary.whole_run() is None
 
 
+def test_the_run_time_names_the_machine_of_the_runs_rows(repo, monkeypatch):
+    monkeypatch.setattr(summary, "STEPS", (*summary.STEPS, Step("b", "b.py", writes=("z",))))
+    monkeypatch.setattr(common, "stamp", lambda: {"commit": "new0002", "date": "2026-11-28",
+                                                  "machine": "B CPU, 2 cores"})
+    common.save_results("z", [{"v": 2}])
+    progress(repo, "new0002", ["a", "b"])
+    line = summary.duration_line()
+    assert "takes about 0.0 h on B CPU, 2 cores (where the run of this page's commit" in line
+    assert "a CPU" not in line  # the --full step's rows of old0001 ran elsewhere
+    progress(repo, "other03", ["a", "b"])  # no rows of this code: no machine to name
+    assert "takes about 0.0 h on 2 cores: " in summary.duration_line()
+
+
 def test_the_fleets_one_worker_part_is_the_only_one_that_may_be_of_another_commit():
     import fleet
 

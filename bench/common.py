@@ -112,13 +112,20 @@ def measured_at(names: list[str], why_mixed: str | None = None) -> str:
         raise SystemExit(f"no results for {', '.join(missing)} under {RESULTS}: run the bench "
                          "first (bench/all.py --list names the one that writes each)")
     stamps = [s for d in docs.values() for s in row_stamps(d)]
+    commands = [d["stamp"]["command"] for d in docs.values() if d["stamp"].get("command")]
+    return measured_line(stamps, commands, why_mixed, ", ".join(names))
+
+
+def measured_line(stamps: list[dict], commands: list[str], why_mixed: str | None = None,
+                  what: str = "the table") -> str:
+    """measured_at's line for rows stamped `stamps` (commit, date, machine), run by
+    `commands`; `what` names the rows in the refusal."""
     commits = sorted({s["commit"] or "not recorded" for s in stamps})
     if len(commits) > 1 and why_mixed is None:
-        raise SystemExit(f"{', '.join(names)}: rows measured at {len(commits)} commits "
+        raise SystemExit(f"{what}: rows measured at {len(commits)} commits "
                          f"({', '.join(commits)}); re-run the bench at one commit, or give the "
                          "table a reason to show them together")
     where = "; ".join(sorted({f"{s['date']}, {s['machine']}" for s in stamps if s['date']}))
-    commands = [d["stamp"]["command"] for d in docs.values() if d["stamp"].get("command")]
     head = (f"commit `{commits[0]}`" if len(commits) == 1 else
             f"commits {', '.join(f'`{c}`' for c in commits)} ({why_mixed})")
     if commits == ["not recorded"]:

@@ -220,16 +220,20 @@ def chosen_lr(c: StackConfig) -> float | None:
 def current(name: str, sweep_again: bool = False) -> dict | None:
     """A stage's saved result if it was measured on this code (common.code_commit). The recipe
     is reused whatever the code while its model is the same: the population models (pretrain,
-    cached by their recipe and the pretraining code's versions) and, unless `sweep_again`, the
-    learning-rate sweeps that chose each model's rate (they rank rates on validation windows;
-    a change of code that keeps the mathematics and the model keeps them)."""
+    cached by their recipe and the pretraining code's versions, while the cached file is
+    there: else pretrained again, so the record is of the model the stages use) and, unless
+    `sweep_again`, the learning-rate sweeps that chose each model's rate (they rank rates on
+    validation windows; a change of code that keeps the mathematics and the model keeps
+    them)."""
     result = saved(name)
     if result is None:
         return None
     if name.startswith("pretrain-"):
         network, kind = name.removeprefix("pretrain-").rsplit("-", 1)
         key = population_key(network, kind == "dst")
-        return result if Path(result["cache"]).name.startswith(f"{network}-{key}") else None
+        same = Path(result["cache"]).name.startswith(f"{network}-{key}")
+        # trained again (and its row with it) where the model's file is gone: a fresh clone
+        return result if same and (ROOT / result["cache"]).is_file() else None
     if name.startswith("lrsweep-") and not sweep_again:
         c = next(c for c in STACK if name.startswith(f"lrsweep-{c.key()}-"))
         return result if result.get("population_model") == population_key(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from common import ROOT, replace_table, save_results
+from common import ROOT, measured_line, replace_table, save_results
 from heavy import why_mixed
 from stack_accuracy import accuracy_table, delta_cell, gain, protocol, test_summary
 from stack_config import (DENSITY, EFFECTIVE_BATCH, HELD_OUT_USERS, LR_CANDIDATES, PROFILE,
@@ -69,6 +69,11 @@ def rows() -> list[dict]:
     return out
 
 
+PRETRAIN_WHY = ("each row is its population model's last pretraining: a model is reused "
+                "across code while its recipe is the same, and trained again, with its row, "
+                "where its cached file is missing")
+
+
 def mb(n: int | None) -> str:
     return "–" if n is None else f"{n / 1e6:,.1f}"
 
@@ -109,16 +114,20 @@ def tables(rs: list[dict]) -> dict[str, list[str]]:
                    f"| {'–' if tp is None else f'{tp:.1f}'} |")
     recipes = ["| network | dense epochs | DST epochs | batch | peak lr | optimizer steps "
                "| final train loss, dense → sparse | time (min) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    records = []
     for net, r in RECIPES.items():
         dense = saved(f"pretrain-{net}-dense")
         sparse = saved(f"pretrain-{net}-dst")
         if sparse is None:
             continue
+        records += [x for x in (dense, sparse) if x]
         d = dense or sparse["dense"]  # the DST run records the dense run it started from
         loss = f"{d['final_loss']:.3f} → {sparse['final_loss']:.3f}"
         minutes = (d["pretrain_time_s"] + sparse["pretrain_time_s"]) / 60
         recipes.append(f"| {net} | {r.epochs} | {r.dst_epochs} | {r.batch} | {r.lr:g} "
                        f"| {d['steps']} + {sparse['steps']} | {loss} | {minutes:.0f} |")
+    if records:
+        recipes = [pretrain_provenance(records), "", *recipes]
     sweep = ["| population model (sweep runs on) | lr | " + " | ".join(
         f"user {u}" for u in HELD_OUT_USERS) + " | mean | used by |",
         "|---|---:|" + "---:|" * (len(HELD_OUT_USERS) + 1) + "---|"]
@@ -197,8 +206,9 @@ def report() -> None:
         "the stack is re-measured a network at a time (`bench/stack.py --network N`); the rows "
         "of older commits have not been run again yet")
     for name, lines in tables(rs).items():
-        replace_table(ROOT / "docs" / "results.md", lines, name, sources=["stack"],
-                      why_mixed=mixed)
+        own = name == "stack-recipes" and lines[0].startswith("Measured at")  # tables()
+        replace_table(ROOT / "docs" / "results.md", lines, name,
+                      sources=None if own else ["stack"], why_mixed=mixed)
     if rs:
         plot(rs, ROOT / "docs" / "img" / "stack.png")
     done = {r["config"] for r in rs}
@@ -214,6 +224,13 @@ def report() -> None:
                   "pretraining)."]
     replace_table(ROOT / "docs" / "results.md", lines, "stack-reading")
     print("\n".join(lines))
+
+
+def pretrain_provenance(records: list[dict]) -> str:
+    """The recipes table's measured-at line: the pretraining records' own stamps."""
+    stamps = [{k: r.get(k) for k in ("commit", "date", "machine")} for r in records]
+    commands = sorted({r["command"] for r in records if r.get("command")})
+    return measured_line(stamps, commands, PRETRAIN_WHY, "the population models' pretraining")
 
 
 def provenance(rs: list[dict]) -> str:

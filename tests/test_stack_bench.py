@@ -225,7 +225,29 @@ def test_a_sweep_or_population_model_of_another_model_is_not_reused(tmp_path, mo
     (tmp_path / f"{sweep}.json").write_text(json.dumps({"commit": "x"}))  # before the key
     assert stack_config.current(sweep) is None
     pre = "pretrain-mobilenet_v1-dst"
+    monkeypatch.setattr(stack_config, "ROOT", tmp_path)
+    (tmp_path / ".cache").mkdir()
+    for key in ("k0", "k1"):
+        (tmp_path / ".cache" / f"mobilenet_v1-{key}.pt").write_bytes(b"weights")
     (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k1.pt"}))
     assert stack_config.current(pre) is not None
     (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k0.pt"}))
     assert stack_config.current(pre) is None
+    # the same model's record, but its file is gone (a fresh clone): pretrained again, so the
+    # record describes the model the stages then use
+    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k1.pt"}))
+    (tmp_path / ".cache" / "mobilenet_v1-k1.pt").unlink()
+    assert stack_config.current(pre) is None
+
+
+def test_the_recipes_table_carries_the_pretraining_records_own_commits():
+    import stack_report
+
+    records = [{"commit": "aaa1111", "date": "2026-11-27", "machine": "A CPU, 2 cores",
+                "command": "bench/stack.py"},
+               {"commit": "bbb2222", "date": "2026-11-28", "machine": "B CPU, 2 cores",
+                "command": "bench/stack.py"}]
+    line = stack_report.pretrain_provenance(records)
+    assert line.startswith("Measured at commits `aaa1111`, `bbb2222` (each row is its "
+                           "population model's last pretraining")
+    assert "2026-11-27, A CPU, 2 cores; 2026-11-28, B CPU, 2 cores; `bench/stack.py`." in line

@@ -69,9 +69,9 @@ def rows() -> list[dict]:
     return out
 
 
-PRETRAIN_WHY = ("each row is its population model's last pretraining: a model is reused "
-                "across code while its recipe is the same, and trained again, with its row, "
-                "where its cached file is missing")
+PRETRAIN_WHY = ("each row is the last recorded pretraining of its population model: a model "
+                "is kept across code while its recipe is the same, and a clone without its "
+                "cached file pretrains it again")
 
 
 def mb(n: int | None) -> str:

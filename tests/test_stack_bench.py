@@ -248,6 +248,6 @@ def test_the_recipes_table_carries_the_pretraining_records_own_commits():
                {"commit": "bbb2222", "date": "2026-11-28", "machine": "B CPU, 2 cores",
                 "command": "bench/stack.py"}]
     line = stack_report.pretrain_provenance(records)
-    assert line.startswith("Measured at commits `aaa1111`, `bbb2222` (each row is its "
-                           "population model's last pretraining")
+    assert line.startswith("Measured at commits `aaa1111`, `bbb2222` (each row is the last "
+                           "recorded pretraining of its population model")
     assert "2026-11-27, A CPU, 2 cores; 2026-11-28, B CPU, 2 cores; `bench/stack.py`." in line

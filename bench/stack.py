@@ -1,6 +1,6 @@
 """The seed deck's optimisation stack, C1 -> C6, measured end to end (issue 6).
 
-    .venv/bin/python bench/stack.py                 # about 3.5 hours on 2 cores; resumable
+    .venv/bin/python bench/stack.py                 # hours on 2 cores, most ResNet-50; resumable
     .venv/bin/python bench/stack.py --only pretrain  # just the population models
     .venv/bin/python bench/stack.py --network resnet50  # one network's stages only
     .venv/bin/python bench/stack.py --network imu_cnn   # C8 alone, about 3 minutes

@@ -54,6 +54,8 @@ def test_a_whole_default_run_names_its_commit_and_the_full_steps_kept_rows(repo)
     assert line.startswith("A whole `make results` ran at commit `new0002` (finished "
                            "2026-11-28T00:00:00)")
     assert line.endswith(": `old0001` (h, f).")  # the run's own commit is not listed again
+    progress(repo, "new0002", ["a", "f"])  # a --full step finished later: not the run's end
+    assert summary.whole_run() == ("new0002", "2026-11-28T00:00:00")
 
 
 def test_without_a_whole_run_every_commit_is_named(repo):

@@ -233,12 +233,18 @@ def current(name: str, sweep_again: bool = False) -> dict | None:
         key = population_key(network, kind == "dst")
         same = Path(result["cache"]).name.startswith(f"{network}-{key}")
         # trained again (and its row with it) where the model's file is gone: a fresh clone
-        return result if same and (ROOT / result["cache"]).is_file() else None
+        return result if same and model_file_present(result) else None
     if name.startswith("lrsweep-") and not sweep_again:
         c = next(c for c in STACK if name.startswith(f"lrsweep-{c.key()}-"))
         return result if result.get("population_model") == population_key(
             c.network, c.sparse) else None
     return result if result.get("commit") == _code() else None
+
+
+def model_file_present(pretrain: dict) -> bool:
+    """Whether a pretraining record's model file is on this machine (.cache travels with no
+    clone)."""
+    return (ROOT / pretrain["cache"]).is_file()
 
 
 @functools.lru_cache(maxsize=1)

@@ -215,7 +215,7 @@ def forget_stale_groups(network: str | None = None) -> list[str]:
         if all(results.values()):
             continue  # finished: nothing will read its files again
         lost = [n for n, r in results.items() if r and (
-            (n.startswith("pretrain-") and not (cfg.ROOT / r["cache"]).is_file())
+            (n.startswith("pretrain-") and not cfg.model_file_present(r))
             or (n.startswith("export-") and not (cfg.ROOT / r["artifact"]).is_dir()))]
         if lost:
             tqdm.write(f"{net}: the files behind {', '.join(lost)} are gone (another machine's "

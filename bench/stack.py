@@ -19,8 +19,9 @@ windows, the same update with BatchNorm frozen (stack_config.merged_micro_batche
 
 Stages, each result saved under bench/results/stack/ as soon as it exists with the commit it
 ran at, so an interrupted run resumes where it stopped, and a result saved on other code runs
-again (common.code_commit) except the recipe: population models (while their cached file is
-there: a fresh clone pretrains again and records that pretraining) and, unless --sweep-again,
+again (common.code_commit) except the recipe: population models (while the cached file their
+record hashed is there: a fresh clone pretrains again, or loads the file another bench trained
+first, and records that pretraining) and, unless --sweep-again,
 the learning-rate sweeps of the same population model (a sweep's result records the model's
 cache key) are reused:
   pretrain     population models on subjects 1-7 (torch, host; cached in .cache/pretrain):

@@ -232,8 +232,9 @@ def current(name: str, sweep_again: bool = False) -> dict | None:
         network, kind = name.removeprefix("pretrain-").rsplit("-", 1)
         key = population_key(network, kind == "dst")
         same = Path(result["cache"]).name.startswith(f"{network}-{key}")
-        # trained again (and its row with it) where the model's file is gone: a fresh clone
-        return result if same and model_file_present(result) else None
+        # recorded again where the model's file is gone (a fresh clone: trained again) or is
+        # not the file recorded (another bench trained the recipe first: its figures)
+        return result if same and model_file_recorded(result) else None
     if name.startswith("lrsweep-") and not sweep_again:
         c = next(c for c in STACK if name.startswith(f"lrsweep-{c.key()}-"))
         return result if result.get("population_model") == population_key(
@@ -245,6 +246,17 @@ def model_file_present(pretrain: dict) -> bool:
     """Whether a pretraining record's model file is on this machine (.cache travels with no
     clone)."""
     return (ROOT / pretrain["cache"]).is_file()
+
+
+def model_file_sha256(pretrain: dict) -> str:  # stage_pretrain records it
+    return hashlib.sha256((ROOT / pretrain["cache"]).read_bytes()).hexdigest()
+
+
+def model_file_recorded(pretrain: dict) -> bool:
+    """Whether the record's model file is here and is the one recorded (its hash), not the
+    recipe trained anew by another bench or machine, whose loss and time are that training's."""
+    return (model_file_present(pretrain)
+            and pretrain.get("cache_sha256") == model_file_sha256(pretrain))
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,7 +24,9 @@ def stage_pretrain(network: str, sparse: bool) -> dict:
     from exporters.models.pretrain import pretrain
 
     _, summary = pretrain(pretrain_config(network, sparse), show_progress=True)
-    return {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
+    record = {k: v for k, v in summary.items() if k not in ("channel_mean", "channel_scale")}
+    # the figures are those of the file's training (loaded where another bench made it)
+    return {**record, "cache_sha256": cfg.model_file_sha256(record)}
 
 
 def stage_export(c: StackConfig, fold: tuple[int, ...] | None = None) -> dict:

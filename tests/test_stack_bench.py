@@ -212,6 +212,7 @@ def test_make_results_runs_the_stack_a_network_at_a_time_in_the_benchs_order():
 def test_a_sweep_or_population_model_of_another_model_is_not_reused(tmp_path, monkeypatch):
     """A learning-rate sweep ranks rates for one population model: it is reused across code
     only while the model (its pretraining cache key) is the same."""
+    import hashlib
     import json
 
     monkeypatch.setattr(stack_config, "STATE", tmp_path)
@@ -229,13 +230,22 @@ def test_a_sweep_or_population_model_of_another_model_is_not_reused(tmp_path, mo
     (tmp_path / ".cache").mkdir()
     for key in ("k0", "k1"):
         (tmp_path / ".cache" / f"mobilenet_v1-{key}.pt").write_bytes(b"weights")
-    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k1.pt"}))
+    sha = hashlib.sha256(b"weights").hexdigest()
+    record = {"cache": ".cache/mobilenet_v1-k1.pt", "cache_sha256": sha}
+    (tmp_path / f"{pre}.json").write_text(json.dumps(record))
     assert stack_config.current(pre) is not None
-    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k0.pt"}))
+    (tmp_path / f"{pre}.json").write_text(json.dumps({**record,
+                                                      "cache": ".cache/mobilenet_v1-k0.pt"}))
+    assert stack_config.current(pre) is None
+    # the same recipe's file, but not the one recorded (another bench, or another machine,
+    # trained it anew): recorded again, from the file, so the row gives that training's figures
+    (tmp_path / f"{pre}.json").write_text(json.dumps({**record, "cache_sha256": "0" * 64}))
+    assert stack_config.current(pre) is None
+    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": record["cache"]}))  # no hash
     assert stack_config.current(pre) is None
     # the same model's record, but its file is gone (a fresh clone): pretrained again, so the
     # record describes the model the stages then use
-    (tmp_path / f"{pre}.json").write_text(json.dumps({"cache": ".cache/mobilenet_v1-k1.pt"}))
+    (tmp_path / f"{pre}.json").write_text(json.dumps(record))
     (tmp_path / ".cache" / "mobilenet_v1-k1.pt").unlink()
     assert stack_config.current(pre) is None
 
@@ -251,3 +261,25 @@ def test_the_recipes_table_carries_the_pretraining_records_own_commits():
     assert line.startswith("Measured at commits `aaa1111`, `bbb2222` (each row is the last "
                            "recorded pretraining of its population model")
     assert "2026-11-27, A CPU, 2 cores; 2026-11-28, B CPU, 2 cores; `bench/stack.py`." in line
+
+
+def test_a_pretraining_record_names_the_hash_of_the_model_file_it_describes(tmp_path,
+                                                                            monkeypatch):
+    """stage_pretrain's record carries its file's SHA-256, whether the file was trained now or
+    loaded (made by another bench): the record is current while that file is the one here."""
+    import hashlib
+
+    import exporters.models.pretrain as pretrain_module
+
+    monkeypatch.setattr(stack_config, "ROOT", tmp_path)
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "imu_cnn-k1.pt").write_bytes(b"trained by another bench")
+    summary = {"cache": ".cache/imu_cnn-k1.pt", "final_loss": 0.06, "channel_mean": [0.0],
+               "channel_scale": [1.0]}
+    monkeypatch.setattr(pretrain_module, "pretrain", lambda cfg, show_progress: (None, summary))
+    record = stack_stages.stage_pretrain("imu_cnn", False)
+    assert "channel_mean" not in record and record["final_loss"] == 0.06
+    assert record["cache_sha256"] == hashlib.sha256(b"trained by another bench").hexdigest()
+    assert stack_config.model_file_recorded(record)
+    (tmp_path / ".cache" / "imu_cnn-k1.pt").write_bytes(b"trained again")
+    assert not stack_config.model_file_recorded(record)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from common import ROOT, code_commit, command_line, stamp
 from edgetrain.atomicfile import atomic_write_bytes
+from edgetrain.manifest import sha256_file
 
 EFFECTIVE_BATCH = 32  # windows per optimizer step, every configuration (the seed's C1 peak
 # of 9.3 GB implies a larger ResNet-50 batch still; 32 keeps 4 steps per epoch of one user)
@@ -220,8 +221,8 @@ def chosen_lr(c: StackConfig) -> float | None:
 def current(name: str, sweep_again: bool = False) -> dict | None:
     """A stage's saved result if it was measured on this code (common.code_commit). The recipe
     is reused whatever the code while its model is the same: the population models (pretrain,
-    cached by their recipe and the pretraining code's versions, while the cached file is
-    there: else pretrained again, so the record is of the model the stages use) and, unless
+    cached by their recipe and the pretraining code's versions, while the file the record
+    hashed is there: else recorded again, so the record is of the model the stages use) and, unless
     `sweep_again`, the learning-rate sweeps that chose each model's rate (they rank rates on
     validation windows; a change of code that keeps the mathematics and the model keeps
     them)."""
@@ -249,7 +250,7 @@ def model_file_present(pretrain: dict) -> bool:
 
 
 def model_file_sha256(pretrain: dict) -> str:  # stage_pretrain records it
-    return hashlib.sha256((ROOT / pretrain["cache"]).read_bytes()).hexdigest()
+    return sha256_file(ROOT / pretrain["cache"])
 
 
 def model_file_recorded(pretrain: dict) -> bool:

@@ -108,6 +108,7 @@ STEPS: tuple[Step, ...] = (
          writes=("saved_activations",)),
     Step("saved-activations-peaks", "saved_activations.py", ("--peaks",), 4,
          ("--peaks", "--report"), writes=("saved_activations_peaks",)),
+    Step("peak-tensors", "peak_tensors.py", (), 1, ("--report",), writes=("peak_tensors",)),
     Step("predictor", "predictor.py", (), 30, ("--report",),
          writes=("predictor", "predictor_batchnorm")),
     Step("predictor-resnet50", "predictor.py", ("--heavy",), 20, ("--report",), full=True,

@@ -108,7 +108,8 @@ def plans_table(rows: list[dict]) -> list[str]:
              f"{full / TARGET_RATIO:,.0f}.", "",
              "| plan | saved activations | measured peak | × below `all` | parameters | "
              "gradients + optimizer | activations | BatchNorm inputs kept for backward at the "
-             "step's fullest moment, float or 8-bit (predicted) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "step's fullest moment, float or 8-bit (predicted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         b = r["breakdown"]
         norm = (f"{sum(t['bytes'] for t in r['tensors'] if t['reason'] in KEPT_INPUTS):,}"

@@ -33,6 +33,8 @@ MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists files and tensors: megabytes a
 
 
 SAVED_ACTIVATIONS = ("fp32", "int8")
+# the order of the preflight's first runs when the run adapts BatchNorm (DeviceRuntime.preflight)
+PREFLIGHT_ORDERS = ("statistics-first", "step-first")
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,14 @@ class Plan:
     # activations saved for backward: "fp32", or "int8" (exporters/passes/int8saved.py: each
     # rounded to 8 bits in forward, rebuilt when backward reaches it)
     saved_activations: str = "fp32"
+    # which runs first where a run adapts BatchNorm: the statistics pass or a training step.
+    # The arena never gives a region back, so the first leaves the regions the second reuses;
+    # the exporter writes the order its predictor gives the lower peak (manifests written
+    # before: "statistics-first")
+    preflight_order: str = "statistics-first"
 
     def __post_init__(self):
-        check_plan_values(self, SAVED_ACTIVATIONS, BATCHNORM_ADAPT_ROLES)
+        check_plan_values(self, SAVED_ACTIVATIONS, BATCHNORM_ADAPT_ROLES, PREFLIGHT_ORDERS)
 
 
 @dataclass(frozen=True)

@@ -125,8 +125,11 @@ def check_dict(d: dict, plan_fields) -> None:
     expect(d.get("dense_weights", {}), dict, "dense_weights")
 
 
-def check_plan_values(plan, saved_activations, adapt_roles) -> None:
+def check_plan_values(plan, saved_activations, adapt_roles, preflight_orders) -> None:
     """Raise ValueError unless the plan's fields hold values the runtime can act on."""
+    if plan.preflight_order not in preflight_orders:
+        raise ValueError(f"plan.preflight_order is {plan.preflight_order!r}; it must be one "
+                         f"of {list(preflight_orders)}")
     if plan.saved_activations not in saved_activations:
         raise ValueError(f"plan.saved_activations is {plan.saved_activations!r}; it must be "
                          f"one of {list(saved_activations)}")

@@ -23,6 +23,7 @@ from edgetrain.manifest import ArtifactError, Manifest, load_manifest
 from edgetrain.specs import check_logits
 from edgetrain.maskupdate import update_masks
 from edgetrain.nchwcprobe import check_block
+from edgetrain.selection import checked_lr
 from edgetrain.inference import check_stored_weights, one_at_a_time, open_bound_session
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.ortcheckpoint import CheckpointWriteError, refuse_odd_checkpoint, save_state
@@ -32,17 +33,6 @@ from edgetrain.watchdog import bound_s, guard
 from edgetrain.watchdog import set_bound as set_watchdog
 
 _OPENED = False  # the env arena is per process: one runtime per process
-
-
-def checked_lr(lr, what: str) -> float:
-    """A learning rate that can train: a finite positive number (else ValueError)."""
-    try:
-        value = float(lr)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{what} is {lr!r}; it must be a finite number above 0, e.g. 3e-4")
-    return value
 
 
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
@@ -182,18 +172,22 @@ class DeviceRuntime:
         a budget too small fails here, before any data is touched or checkpoint written, and
         so do logits narrower than the manifest's classes. Gradients are reset; BatchNorm
         running statistics (a training-mode forward updates them) restored. mask_gradients /
-        batchnorm_stats also run those side graphs once, in the order a run does: BatchNorm
-        statistics (reset_batchnorm's, group given) first."""
+        batchnorm_stats also run those side graphs once, the statistics (reset_batchnorm's,
+        group given) before or after the step as Plan.preflight_order says."""
         frozen = {t.name: self.state.parameters[t.name].data.copy() for t in self.manifest.frozen}
         b = self.micro_batch
         x = np.zeros((b, *self.manifest.input.sample_shape), np.float32)
         y = np.zeros(b, np.int64)
-        if batchnorm_stats:
+        step_first = self.manifest.plan.preflight_order == "step-first"
+        if batchnorm_stats and not step_first:
             self.side.probe_batchnorm(x, batchnorm_group)
-        self.module.train()
-        _, logits = self._run(x, y, f"a training step at micro-batch {b}")  # labels 0: safe
-        check_logits(np.shape(logits), b, self.manifest.num_classes)
+        self.module.train()  # labels 0 are safe; of the step's outputs only the logits' shape
+        # is kept (ORT's arrays of them hold arena chunks the statistics pass could take)
+        check_logits(np.shape(self._run(x, y, f"a training step at micro-batch {b}")[1]), b,
+                     self.manifest.num_classes)
         self.module.lazy_reset_grad()
+        if batchnorm_stats and step_first:
+            self.side.probe_batchnorm(x, batchnorm_group)
         if mask_gradients:
             self.side.dense_gradients([(x, y)])
         for name, value in frozen.items():

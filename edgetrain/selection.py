@@ -74,6 +74,17 @@ def score(logits: np.ndarray, y: np.ndarray) -> Score:
     return Score(int((logits.argmax(-1) == y).sum()), len(y), loss)
 
 
+def checked_lr(lr, what: str) -> float:
+    """A learning rate that can train: a finite positive number (else ValueError)."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} is {lr!r}; it must be a finite number above 0, e.g. 3e-4")
+    return value
+
+
 def check_settings(lrs, patience: int, margin_windows: int, adapt_guard: str = "loss") -> None:
     """ValueError unless the candidates are finite positive learning rates, patience is at
     least one epoch, the guard's margin is not negative and its rule for the adapted start
@@ -85,8 +96,7 @@ def check_settings(lrs, patience: int, margin_windows: int, adapt_guard: str = "
         if not lrs:
             raise ValueError("selection needs at least one learning rate")
         for lr in lrs:
-            if not (math.isfinite(lr) and lr > 0):
-                raise ValueError(f"learning rate {lr!r} must be a finite number above 0")
+            checked_lr(lr, "learning rate")
     if patience < 1:
         raise ValueError(f"patience must be at least 1 epoch, got {patience}")
     if margin_windows < 0:

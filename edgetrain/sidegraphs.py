@@ -57,7 +57,10 @@ class SideGraphs:
                 outs = sess.run(None, feeds)
         except Exception as e:  # ORT's InferenceSession errors are not RuntimeErrors
             raise self._translate(e, what) from e
-        return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
+        # copies: ORT's arrays are views of arena chunks, and one kept while the next run
+        # allocates splits the free space that run would use (the grouped RESET keeps each
+        # run's moments while it runs the next)
+        return {o.name: np.array(v, copy=True) for o, v in zip(sess.get_outputs(), outs)}
 
     def dense_gradients(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]
                         ) -> dict[str, np.ndarray]:

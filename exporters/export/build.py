@@ -29,6 +29,7 @@ from exporters.passes import ARTIFACT_PASSES, FORWARD_PASSES, Context, Graphs, r
 from exporters.passes.densebuild import DENSE_BUILDS
 from exporters.passes.sparsegrad import WEIGHT_GRADS
 from exporters.plans import updateplans
+from exporters.plans.preflight import choose_preflight_order
 from exporters.plans.quantize import quantize_frozen_weights
 from exporters.plans.sparse import dense_reasons, sparsify
 from exporters.plans.updateplans import first_use
@@ -154,6 +155,7 @@ def build_artifact(out: Path, model: torch.nn.Module, example_input: torch.Tenso
         predicted=predicted, provenance={**(info.provenance or {}), "passes": changed},
         masks=masks,
         dense_weights=dense_reasons(model, {k.weight for k in masks}) if masks else {})
+    manifest = choose_preflight_order(out, manifest)
     manifest.write(out)
     dry_run_artifact(out, manifest, options.recompute_budget_bytes
                      if options.recompute == "budget" else None)

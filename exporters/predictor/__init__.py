@@ -186,14 +186,15 @@ def claimed_plan(train: str, eval_model: str, batch: int, threads: int
 
 
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
-            threads: int, batchnorm_role: str | None = None, step_only: bool = False
-            ) -> Prediction:
+            threads: int, batchnorm_role: str | None = None, step_only: bool = False,
+            step_first: bool = False) -> Prediction:
     """Predicted peak of the training cycle at `batch` for the artifact in `folder`.
 
     trainable, frozen: TensorSpecs of the checkpoint; files: role -> file name;
     threads: the runtime's intra-op thread count (the manifest's plan.threads);
-    batchnorm_role: the side graph of a BatchNorm statistics pass the cycle runs before its
-    first step (Manifest.batchnorm_pass_role), None for a cycle without one. step_only: the
+    batchnorm_role: the side graph of a BatchNorm statistics pass the cycle runs
+    (Manifest.batchnorm_pass_role), None for a cycle without one; step_first: after a first
+    training step (Plan.preflight_order "step-first"), else before it. step_only: the
     training step's activations alone, as export passes judge a rewrite by the step it
     changes (the rest of the cycle can hide a change to the step)."""
     version = check_ort_version()
@@ -211,7 +212,8 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
         acts, graphs, unsized = [a for _, a in pairs], [optimized_graph(train)], pairs[0][0].unsized
         if not step_only:
             acts, more, more_unsized = _cycle(folder, files, [p for p, _ in pairs], trainable,
-                                              tensors, batch, threads, known, batchnorm_role)
+                                              tensors, batch, threads, known, batchnorm_role,
+                                              step_first)
             graphs, unsized = graphs + more, unsized + more_unsized
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
@@ -236,7 +238,8 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
 
 
 def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable, tensors,
-           batch: int, threads: int, known: Shapes | None, batchnorm_role: str | None):
+           batch: int, threads: int, known: Shapes | None, batchnorm_role: str | None,
+           step_first: bool = False):
     """Each step plan's activations over the whole cycle (cycle.py), with the other graphs
     the cycle runs and the tensors of theirs that could not be sized."""
     train, eval_path = (str(folder / files[r]) for r in (names.TRAINING_MODEL, names.EVAL_MODEL))
@@ -250,7 +253,7 @@ def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable
                                                   known=known_shapes(side_path, batch))
     sizes = run_sizes(train, plans[0], batch, known)  # the same graph in both orders
     acts = [cycle_activation_bytes(Run(train, p, sizes), eval_pass, threads, chunks, side,
-                                   inference) for p in plans]
+                                   inference, step_first) for p in plans]
     runs = [inference] + ([side] if side else [])
     return (acts, [optimized_graph(r.path, r.plan.graph_level) for r in runs],
             tuple(u for r in runs for u in r.plan.unsized))
@@ -259,9 +262,11 @@ def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable
 def predict_manifest(folder: str | Path, manifest, batch: int, threads: int | None = None,
                      batchnorm_stats: bool = False, batchnorm_group: int = 1) -> Prediction:
     """predict() for a loaded artifact, at the runtime's thread count unless told another.
-    batchnorm_stats: the cycle runs a BatchNorm statistics pass first, over steps of
-    `batchnorm_group` micro-batches (as DeviceRuntime.preflight is told)."""
+    batchnorm_stats: the cycle runs a BatchNorm statistics pass, over steps of
+    `batchnorm_group` micro-batches (as DeviceRuntime.preflight is told), in the plan's
+    preflight order."""
     side = manifest.batchnorm_pass_role(batchnorm_group) if batchnorm_stats else None
     return predict(folder, manifest.trainable, manifest.frozen, batch,
                    {role: e.path for role, e in manifest.files.items()},
-                   threads or manifest.plan.threads, side)
+                   threads or manifest.plan.threads, side,
+                   step_first=manifest.plan.preflight_order == "step-first")

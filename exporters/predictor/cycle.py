@@ -6,10 +6,13 @@ holds at the end is the most the cycle needed (scratch.RegionArena models it). T
 (edgetrain/runtime.py) fills it in this order:
 
 1. load: a gradient buffer per trained tensor and AdamW's two moments, a chunk each;
-2. a BatchNorm statistics pass first, where the run adapts BatchNorm (`personalise --adapt`,
+2. a BatchNorm statistics pass, where the run adapts BatchNorm (`personalise --adapt`,
    `measure --adapt`): the side graph's session has no memory pattern, so its constants and
    each buffer of its run are arena allocations of their own, which leave their regions
-   behind (edgetrain/sessions.py);
+   behind (edgetrain/sessions.py). The plan's preflight_order puts a training step before it
+   ("step-first": the pass's buffers then take the regions the step freed) or not. The
+   runtime copies each side run's outputs out of the arena (sidegraphs.py), so a run leaves
+   no chunk behind to split the free space the next one takes;
 3. the training step: its memory-pattern block takes a freed region big enough or grows the
    arena by its own size, then its run-time allocations (scratch.replay); then an eval pass
    (the Module's eval graph, with a memory pattern too), whose block can take the region
@@ -74,29 +77,38 @@ def inference_run(model: str, known: Shapes | None, bound: frozenset[str]) -> Ru
 
 
 def cycle_activation_bytes(train: Run, eval_pass: Run, threads: int, state_chunks: list[int],
-                           side: Run | None, inference: Run | None) -> int:
+                           side: Run | None, inference: Run | None,
+                           step_first: bool = False) -> int:
     """The arena bytes the cycle holds beyond the training state (`state_chunks`: the bytes
     of each gradient and moment buffer): the statistics pass `side` (None: no pass), the
     training step, an eval pass at the same batch, and the inference check (None: not
-    modelled)."""
+    modelled). step_first: the preflight runs a training step before the statistics pass
+    (Plan.preflight_order "step-first"), so the pass takes the regions the step freed."""
     arena = RegionArena()
     for k, size in enumerate(state_chunks):
         arena.alloc(f"state{k}", size)
     state_bytes = sum(arena.regions)
     side_constants = []
+    if step_first and side is not None:
+        _step(arena, train, threads)
     if side is not None:
         side_constants = _open(arena, side, "side")
         replay(arena, side.path, threads, side.plan, side.sizes)
     for run in (train, eval_pass):
-        arena.alloc("memory pattern", arena_rounded(run.plan.pattern_bytes))  # one run's block
-        replay(arena, run.path, threads, run.plan, run.sizes)
-        arena.free("memory pattern")
+        _step(arena, run, threads)
     if inference is not None:
         for name in [*side_constants, *(f"state{k}" for k in range(len(state_chunks)))]:
             arena.free(name)
         _open(arena, inference, "inference")
         replay(arena, inference.path, threads, inference.plan, inference.sizes)
     return sum(arena.regions) - state_bytes
+
+
+def _step(arena: RegionArena, run: Run, threads: int) -> None:
+    """A run of a session with a memory pattern: its block, then its run-time allocations."""
+    arena.alloc("memory pattern", arena_rounded(run.plan.pattern_bytes))  # one run's block
+    replay(arena, run.path, threads, run.plan, run.sizes)
+    arena.free("memory pattern")
 
 
 def _open(arena: RegionArena, run: Run, tag: str) -> list[str]:

@@ -4,11 +4,12 @@
     .venv/bin/python bench/peak_tensors.py --report   # the tables from saved results
 
 The patch MobileNet at micro-batch 8 and 2 threads (exported untrained: the weights' values
-change no byte), every plan of PLANS: `edgetrain export --update U [--saved-activations S]`
-then `edgetrain measure` (the personalisation cycle, selection included; the allocator's
-peak). For the `bias` rows, the buffers live at the training step's fullest moment, one row a
-tensor, from the predictor's plan of the step (a prediction; its error on the measured peak is
-given), each with the node that wrote it, the backward nodes that read it and why it is held.
+change no byte), every plan of PLANS: `edgetrain export --update U --saved-activations S
+--recompute R`, then `edgetrain measure` (the personalisation cycle, selection included; the
+allocator's peak). For the LISTED rows, the buffers live at the training step's fullest
+moment, one row a tensor, from the predictor's plan of the step (a prediction, beside the
+measured activations), each with the node that wrote it, the backward nodes that read it and
+why it is held.
 Per-channel tensors under TENSOR_ROW_BYTES are summed by reason. `head` trains the last layer
 alone, so backward reaches no convolution: its peak is what every plan holds (the parameters,
 the forward and eval passes), the floor of the table's ratios. Results:
@@ -24,9 +25,10 @@ from pathlib import Path
 from common import ROOT, measure_or_report, measured_at, replace_table, run
 
 MODEL, BATCH, THREADS = "patch_mobilenet", 8, 2
-PLANS = (("all", "fp32"), ("head", "fp32"), ("bias-only", "fp32"), ("bias", "fp32"),
-         ("bias", "int8"))
-LISTED = (("bias", "fp32"), ("bias", "int8"))  # the plans whose tensors are listed
+# (update plan, saved activations, recompute plan)
+PLANS = (("all", "fp32", "none"), ("head", "fp32", "none"), ("bias-only", "fp32", "none"),
+         ("bias", "fp32", "none"), ("bias", "int8", "none"), ("bias", "fp32", "sqrt"))
+LISTED = (("bias", "fp32", "none"), ("bias", "int8", "none"))  # tensors listed
 TENSOR_ROW_BYTES = 8192  # smaller tensors are summed by reason
 TARGET_RATIO = 5.0  # the update-plans issue's bar: bias's peak 5x below all's
 DOC = ROOT / "docs" / "update-plans.md"
@@ -84,17 +86,18 @@ def tensor_rows(art: Path) -> tuple[list[dict], dict]:
 def measure() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for update, saved in PLANS:
-            art = Path(tmp) / f"{update}-{saved}"
+        for update, saved, recompute in PLANS:
+            art = Path(tmp) / f"{update}-{saved}-{recompute}"
             exp = json.loads(run("export", "--model", MODEL, "--update", update, "--epochs", "0",
                                  "--micro-batch", str(BATCH), "--threads", str(THREADS),
-                                 "--saved-activations", saved, "--out", str(art), "--json"))
+                                 "--saved-activations", saved, "--recompute", recompute,
+                                 "--out", str(art), "--json"))
             meas = json.loads(run("measure", str(art), "--batch", str(BATCH), "--threads",
                                   str(THREADS), "--json"))
-            row = {"update": update, "saved_activations": saved,
+            row = {"update": update, "saved_activations": saved, "recompute": recompute,
                    "peak_bytes": meas["peak_bytes"], "breakdown": meas["breakdown"],
                    "predicted_peak_bytes": exp["predicted"]["peak_bytes"]}
-            if (update, saved) in LISTED:
+            if (update, saved, recompute) in LISTED:
                 row["tensors"], row["other_parts"] = tensor_rows(art)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("update", "saved_activations", "peak_bytes")}),
@@ -106,15 +109,17 @@ def plans_table(rows: list[dict]) -> list[str]:
     full = next(r for r in rows if r["update"] == "all")["peak_bytes"]
     lines = [f"`all` measured {full:,} bytes; {TARGET_RATIO:g}× below it is "
              f"{full / TARGET_RATIO:,.0f}.", "",
-             "| plan | saved activations | measured peak | × below `all` | parameters | "
+             "| plan | saved activations | recompute | measured peak | × below `all` | "
+             "parameters | "
              "gradients + optimizer | activations | BatchNorm inputs kept for backward at the "
              "step's fullest moment, float or 8-bit (predicted) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         b = r["breakdown"]
         norm = (f"{sum(t['bytes'] for t in r['tensors'] if t['reason'] in KEPT_INPUTS):,}"
                 if "tensors" in r else "-")
-        lines.append(f"| `{r['update']}` | {r['saved_activations']} | {r['peak_bytes']:,} | "
+        lines.append(f"| `{r['update']}` | {r['saved_activations']} | "
+                     f"{r.get('recompute', 'none')} | {r['peak_bytes']:,} | "
                      f"{full / r['peak_bytes']:.2f}× | {b['parameters']:,} | "
                      f"{b['gradients'] + b['optimizer_state']:,} | {b['activations']:,} | "
                      f"{norm} |")

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from conftest import device_python
+from edgetrain import names
 from edgetrain.manifest import Plan, load_manifest
 from exporters.export import export_artifact
 from exporters.predictor.cost import node_costs
@@ -184,6 +185,32 @@ print(json.dumps({{t.name: rt.state.parameters[t.name].grad.tolist()
     worst = max(float(np.abs(np.array(a[k]) - np.array(b[k])).max()
                       / max(1e-12, np.abs(np.array(a[k])).max())) for k in a)
     assert worst <= 1e-6, worst
+
+
+@pytest.mark.slow
+def test_a_bias_plan_recomputes_from_checkpoints_kept_beside_relu_masks(tmp_path):
+    """Under `bias` the ReLU gradients read 1-byte masks and the forward path runs through the
+    mask pass's alias of each ReLU output (relugrad.py); a checkpoint there orders its copies
+    after the gradient of the output it aliases. It was refused ("no gradient ..._fwd_grad");
+    now the gradients equal those of the same plan without recompute."""
+    from exporters.models.networks import build_network
+
+    arts, plans = {}, {}
+    for planner in ("none", "sqrt"):
+        model, _ = build_network("patch_mobilenet", 4, width=0.125)
+        torch.manual_seed(0)
+        for p in model.parameters():  # same weights for both exports
+            torch.nn.init.normal_(p, std=0.1)
+        arts[planner] = tmp_path / planner
+        plans[planner] = export_artifact(
+            model, torch.zeros(2, 3, 32, 32), arts[planner], classes=list("abcd"),
+            plan=Plan(micro_batch=4), recompute=planner, update="bias",
+            freeze_batchnorm=True).plan
+    assert any(c.endswith(names.RELU_MASK_SUFFIX + "_fwd") for c in plans["sqrt"].checkpoints)
+    a, b = one_step_gradients(arts["none"]), one_step_gradients(arts["sqrt"])
+    for name in a:
+        ga, gb = np.array(a[name]), np.array(b[name])
+        assert np.abs(ga - gb).max() <= 1e-6 * max(1e-12, np.abs(ga).max()), name
 
 
 def test_masked_weights_are_rebuilt_in_backward_with_the_same_gradients(tmp_path):

@@ -40,7 +40,7 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
             continue
         needed = {n.name for n in ancestors(targets, seg_nodes)}
         start = src if src is not None else names.INPUT_NAME
-        grad = renamed.get(names.grad_name(out), names.grad_name(out))
+        grad = gradient_name(m, out, renamed)
         dependency = gradient_dependency(m, s, start, grad)
         new_nodes.append(dependency)
         local = {start: dependency.output[0]}
@@ -66,6 +66,20 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
     declare_like(m, new_nodes, lambda n, k, o: n.input[k] if n.op_type == "PassThrough"
                  else o.removesuffix(names.RECOMPUTE_SUFFIX))
     return m
+
+
+def gradient_name(m: onnx.ModelProto, tensor: str, renamed: dict[str, str]) -> str:
+    """The gradient arriving at `tensor`: its own, or where a forward PassThrough made it as
+    an alias of another tensor (relugrad.py keeps a ReLU's output so) and no gradient of the
+    alias exists, the gradient of the tensor it aliases."""
+    made = {o for n in m.graph.node for o in n.output}
+    alias = {o: n.input[k] for n in m.graph.node if n.op_type == "PassThrough"
+             and not is_backward(n) for k, o in enumerate(n.output) if k < len(n.input)}
+    grad = renamed.get(names.grad_name(tensor), names.grad_name(tensor))
+    while grad not in made and tensor in alias:
+        tensor = alias[tensor]
+        grad = renamed.get(names.grad_name(tensor), names.grad_name(tensor))
+    return grad
 
 
 def gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> onnx.NodeProto:

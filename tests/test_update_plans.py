@@ -177,10 +177,11 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
     from edgetrain.budget import BudgetError
     from exporters.plans.updatesearch import UpdateScore, candidate_plans, search
 
-    assert candidate_plans(5) == ["head", "bias", "bias,head", "last:2", "last:3", "last:4",
-                                  "bias,last:2", "bias,last:3", "bias,last:4", "all"]
-    peaks = {"head": 100, "bias": 300, "bias,head": 310, "last:2": 200, "last:3": 290,
-             "bias,last:2": 320, "all": 400}
+    assert candidate_plans(5) == ["head", "bias-only", "bias-only,head", "bias", "bias,head",
+                                  "last:2", "last:3", "last:4", "bias,last:2", "bias,last:3",
+                                  "bias,last:4", "all"]
+    peaks = {"head": 100, "bias-only": 250, "bias-only,head": 260, "bias": 300,
+             "bias,head": 310, "last:2": 200, "last:3": 290, "bias,last:2": 320, "all": 400}
     gains = {("head",): 1.0, ("last:2",): 2.5, ("last:3",): 2.5, ("bias",): 9.0}
 
     def export_one(update, folder):  # a plan -> its (fake) manifest
@@ -191,8 +192,9 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
     r = search(export_one, 5, 295, UpdateScore(lambda names: gains.get(names, 0.0), (1, 2)))
     assert r.chosen == "last:2"  # 2.5 ties last:3; the smaller peak wins; bias (9.0) is over
     # plans that train the same tensors count once (the first name kept)
-    assert [c.update for c in r.candidates] == ["head", "bias", "bias,head", "last:2",
-                                                "last:3", "last:4", "bias,last:2"]
+    assert [c.update for c in r.candidates] == ["head", "bias-only", "bias-only,head", "bias",
+                                                "bias,head", "last:2", "last:3", "last:4",
+                                                "bias,last:2"]
     assert {c.update: c.fits for c in r.candidates}["bias"] is False
     assert r.inner_users == (1, 2)
     with pytest.raises(BudgetError, match="smallest predicted peak is 100 bytes .plan head"):
@@ -202,12 +204,12 @@ def test_search_takes_the_best_gain_that_fits_and_says_when_nothing_fits():
 @pytest.mark.slow
 def test_export_update_auto_chooses_a_plan_that_fits_and_measures_it(tmp_path):
     p = cli("export", "--model", "imu_cnn", "--epochs", "1", "--update", "auto", "--budget",
-            "1.2MiB", "--out", tmp_path / "art", "--json")
+            "1.1MiB", "--out", tmp_path / "art", "--json")
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)
     search = m["provenance"]["update_search"]
-    assert m["plan"]["update"] == search["chosen"] == "head"  # the only plan under 1.2 MiB
-    assert search["measured_peak_bytes"] <= search["budget_bytes"] == int(1.2 * 2**20)
+    assert m["plan"]["update"] == search["chosen"] == "head"  # the only plan under 1.1 MiB
+    assert search["measured_peak_bytes"] <= search["budget_bytes"] == int(1.1 * 2**20)
     chosen = next(c for c in search["candidates"] if c["update"] == "head")
     assert abs(search["measured_peak_bytes"] / chosen["predicted_peak_bytes"] - 1) < 0.05
     assert all(c["gain_points"] is None for c in search["candidates"] if not c["fits"])

@@ -65,7 +65,8 @@ class SearchResult:
 def candidate_plans(layers: int) -> list[str]:
     """Plan names to try for a network of `layers` layers (weights of two or more dims)."""
     steps = [k for k in LAYER_STEPS if k < layers]
-    return (["head", "bias", "bias,head"] + [f"last:{k}" for k in steps]
+    return (["head", "bias-only", "bias-only,head", "bias", "bias,head"]
+            + [f"last:{k}" for k in steps]
             + [f"bias,last:{k}" for k in steps] + ["all"])
 
 

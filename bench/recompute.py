@@ -4,8 +4,9 @@
     .venv/bin/python bench/recompute.py --heavy   # ResNet-50 alone (bench/heavy.py)
     .venv/bin/python bench/recompute.py --report  # the table from saved results
 
-For each seed network: export with recompute `none` and `sqrt` (no pretraining: weights do
-not change memory or time) and measure both; then export with the `budget` planner at three
+For each seed network: export with recompute `none`, `sqrt` and `optimal` (its default time
+budget, 1.3x the step's FLOPs; no pretraining: weights do not change memory or time) and
+measure each; then export with the `budget` planner at three
 budgets between the measured `sqrt` and `none` peaks (10%, 50% and 90% of the way) and
 measure each under its budget as a cap (a plan that did not fit would fail the run); a budget
 for which the planner finds no plan that leaves its headroom free is a row with the
@@ -26,6 +27,7 @@ from common import CLI, ROOT, measure_or_report, replace_table, run
 from heavy import HEAVY_HELP, kept_rows, part, why_mixed
 
 NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
+FIXED_PLANS = ("none", "sqrt", "optimal")  # planners without a byte budget
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
 BATCH, ROUNDS, STEPS = 8, 3, 5
 
@@ -55,7 +57,7 @@ def measure(art: Path, budget: int | None) -> dict:
 
 
 def bench_network(tmp: Path, net: str) -> list[dict]:
-    plans = {p: {"art": tmp / f"{net}-{p}", "budget": None} for p in ("none", "sqrt")}
+    plans = {p: {"art": tmp / f"{net}-{p}", "budget": None} for p in FIXED_PLANS}
     for name, p in plans.items():
         p["manifest"] = export(p["art"], net, name)
         p["runs"] = [measure(p["art"], None)]
@@ -100,7 +102,7 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
             "step_time_s": round(t, 4), "step_times_s": [x["step_time_s"] for x in p["runs"]],
             "time_ratio": round(t / base_time, 3), "time_vs_sqrt": round(t / sqrt_time, 3)})
         print(json.dumps(rows[-1]), flush=True)
-    order = ["none", "sqrt", *(f"budget@{f:.0%}" for f in BUDGET_FRACTIONS)]
+    order = [*FIXED_PLANS, *(f"budget@{f:.0%}" for f in BUDGET_FRACTIONS)]
     return sorted(rows + refused, key=lambda r: order.index(r["plan"]))
 
 

@@ -34,13 +34,16 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
     wanted = set(plan.recomputed)
     new_nodes: list[onnx.NodeProto] = []
     rename: dict[str, str] = {}
+    made = {o for n in m.graph.node for o in n.output}
+    alias = {o: n.input[k] for n in m.graph.node if n.op_type == "PassThrough"
+             and not is_backward(n) for k, o in enumerate(n.output) if k < len(n.input)}
     for s, (src, out, seg_nodes) in enumerate(segments(fwd, plan.checkpoints)):
         targets = [o for n in seg_nodes for o in n.output if o in wanted]
         if not targets:
             continue
         needed = {n.name for n in ancestors(targets, seg_nodes)}
         start = src if src is not None else names.INPUT_NAME
-        grad = gradient_name(m, out, renamed)
+        grad = gradient_name(out, renamed, made, alias)
         dependency = gradient_dependency(m, s, start, grad)
         new_nodes.append(dependency)
         local = {start: dependency.output[0]}
@@ -68,13 +71,12 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
     return m
 
 
-def gradient_name(m: onnx.ModelProto, tensor: str, renamed: dict[str, str]) -> str:
+def gradient_name(tensor: str, renamed: dict[str, str], made: set[str],
+                  alias: dict[str, str]) -> str:
     """The gradient arriving at `tensor`: its own, or where a forward PassThrough made it as
-    an alias of another tensor (relugrad.py keeps a ReLU's output so) and no gradient of the
-    alias exists, the gradient of the tensor it aliases."""
-    made = {o for n in m.graph.node for o in n.output}
-    alias = {o: n.input[k] for n in m.graph.node if n.op_type == "PassThrough"
-             and not is_backward(n) for k, o in enumerate(n.output) if k < len(n.input)}
+    an alias of another tensor (`alias`: output -> the input it passes; relugrad.py keeps a
+    ReLU's output so) and no gradient of the alias is among the graph's tensors (`made`),
+    the gradient of the tensor it aliases."""
     grad = renamed.get(names.grad_name(tensor), names.grad_name(tensor))
     while grad not in made and tensor in alias:
         tensor = alias[tensor]

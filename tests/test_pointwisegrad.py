@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from edgetrain.manifest import Plan
 from exporters.export import export_artifact
 from exporters.graph import execution_order
-from exporters.passes.pointwisegrad import ONE_PRODUCT_MAX_PIXELS, rewrite_pointwise_grads
+from exporters.passes.pointwisegrad import (ONE_PRODUCT_MAX_PIXELS, per_image_dw,
+                                            rewrite_pointwise_grads)
 from exporters.plans.sparse import sparsify
 
 from conftest import assert_device_step_equals_torch
@@ -47,26 +48,31 @@ def _run(m, feeds):
     return s.run(None, feeds)
 
 
-@pytest.mark.parametrize("batch,bias,size", [(1, True, 5), (3, False, 5), (3, True, 4),
-                                             (1, False, 2)])
-def test_split_equals_convgrad_and_makes_dw_after_dx(batch, bias, size):
-    """5 x 5 pixels: dX image by image; 4 x 4 and 2 x 2 (<= ONE_PRODUCT_MAX_PIXELS): one
-    product over the micro-batch."""
+@pytest.mark.parametrize("batch,bias,size,c_out,c_in", [
+    (1, True, 5, 8, 6), (3, False, 5, 8, 6), (3, True, 5, 64, 48), (3, True, 4, 8, 6),
+    (1, False, 2, 8, 6)])
+def test_split_equals_convgrad_and_makes_dw_after_dx(batch, bias, size, c_out, c_in):
+    """5 x 5 pixels: dX image by image, dW image by image where N weight-sized products are
+    smaller than transposed copies of dY and X (8 x 6 channels), else from the copies (64 x
+    48); 4 x 4 and 2 x 2 (<= ONE_PRODUCT_MAX_PIXELS): one product over the micro-batch."""
     rng = np.random.default_rng(0)
-    feeds = {"dY": rng.standard_normal((batch, 8, size, size), np.float32),
-             "X": rng.standard_normal((batch, 6, size, size), np.float32),
-             "Wp": rng.standard_normal((8, 6, 1, 1), np.float32)}
-    m = _grad_model(bias=bias, size=size)
+    feeds = {"dY": rng.standard_normal((batch, c_out, size, size), np.float32),
+             "X": rng.standard_normal((batch, c_in, size, size), np.float32),
+             "Wp": rng.standard_normal((c_out, c_in, 1, 1), np.float32)}
+    m = _grad_model(c_out=c_out, c_in=c_in, bias=bias, size=size)
     want = _run(m, feeds)
     assert rewrite_pointwise_grads(m) == 1
     assert "ConvGrad" not in [n.op_type for n in m.graph.node]
     one_product = any(n.name.endswith("/dxt3") for n in m.graph.node)
     assert one_product == (size * size <= ONE_PRODUCT_MAX_PIXELS)
+    per_image = any(n.name.endswith("/dw_sum") for n in m.graph.node)
+    assert per_image == (not one_product and per_image_dw(c_out, c_in, size * size))
+    assert per_image == (not one_product and c_out == 8)
     if one_product:  # dX keeps the graph's symbolic batch, so ORT plans its buffer
         stated = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
                   for v in m.graph.value_info}
         dx3 = next(v for v in stated if v.endswith("/dx3"))
-        assert stated[dx3] == ["n", 6, size * size]
+        assert stated[dx3] == ["n", c_in, size * size]
     got = _run(m, feeds)
     for g, w in zip(got, want):
         assert g.shape == w.shape

@@ -309,3 +309,48 @@ def test_budget_recompute_twins_try_larger_micro_batches_until_one_does_not_fit(
     tried.clear()
     budget_recompute_twins(None, {}, {}, 1568, add)  # no variant fitted: nothing to grow
     assert tried == []
+
+
+def pooled_bn_net(seed: int = 0) -> nn.Module:
+    """A stem with a MaxPool, then convolutions with BatchNorms (folded when frozen)."""
+    torch.manual_seed(seed)
+    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]
+    c = 8
+    for cout in (8, 16, 16, 16):
+        layers += [nn.Conv2d(c, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+        c = cout
+    net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 4))
+    for p in net.parameters():
+        nn.init.normal_(p, std=0.1)
+    return net
+
+
+def test_recompute_frees_folded_weights_and_unread_pool_indices(tmp_path):
+    """Under sqrt, a BatchNorm-folded weight is rebuilt by each backward reader (none lives
+    from forward to backward), a recomputed MaxPool's original drops the indices only its
+    copy's are read now (ORT would hold an unread output to the end of the step), and the
+    gradients equal those of the export without recompute."""
+    arts, plans = {}, {}
+    for planner in ("none", "sqrt"):
+        arts[planner] = tmp_path / planner
+        plans[planner] = export_artifact(
+            pooled_bn_net(), torch.zeros(2, 3, 32, 32), arts[planner], classes=list("abcd"),
+            plan=Plan(micro_batch=4), recompute=planner, freeze_batchnorm=True).plan
+    graph = onnx.load(str(arts["sqrt"] / "training_model.onnx")).graph
+    assert any(t.endswith("_mask") or "MaxPool" in t for t in plans["sqrt"].recomputed)
+    pools = [n for n in graph.node if n.op_type == "MaxPool"]
+    read = {x for n in graph.node for x in n.input}
+    assert len(pools) == 2 and all(o in read for n in pools for o in n.output if o)
+    original = next(n for n in pools if not n.name.endswith("_recompute"))
+    assert len(original.output) == 1
+    late = {n.name for n in graph.node if is_backward(n) or n.name.endswith("_recompute")
+            or n.op_type == "PassThrough" or "remat" in n.name}
+    producer = {o: n for n in graph.node for o in n.output}
+    folded = [x for n in graph.node if n.name in late for x in n.input
+              if x in producer and producer[x].name not in late and "bnfold" in x]
+    assert folded == []
+    assert any("bnfold" in t for t in plans["sqrt"].recomputed)
+    a, b = one_step_gradients(arts["none"]), one_step_gradients(arts["sqrt"])
+    for name in a:
+        ga, gb = np.array(a[name]), np.array(b[name])
+        assert np.abs(ga - gb).max() <= 1e-5 * max(1e-12, np.abs(ga).max()), name

@@ -14,6 +14,11 @@ both gradients are matrix products:
             with dYt = [C_out, N*P] and Xt = [C_in, N*P] (Transpose [1, 0, 2], Reshape)
     dB    = ReduceSum(dY, all axes but 1)
 
+Where an image has many pixels (C_out * C_in < (C_out + C_in) * P, per_image_dw), dW is made
+per image and summed instead: FusedMatMul(dY3, X3, transB=1) -> [N, C_out, C_in], ReduceSum
+over N. The transposed copies of dY and X would be activation-sized (on ResNet-50's first
+stride-2 stage, a 25.7 MB copy of X at the step's peak); N weight-sized products are smaller.
+
 dX is computed first; dY reaches the dW product through PassThrough(dY3, dX3), so ORT runs it
 after dX, when W's last reader has run and W's buffer is free. The weight gradient's memory
 then takes W's place. Rewritten: ConvGrads of such convolutions whose W is computed in the
@@ -124,22 +129,41 @@ def _nodes(g, c_out: int, c_in: int, pixels: list, graph) -> list:
             # dW after dX: W's last reader has run, so its buffer is free for dW
             helper.make_node("PassThrough", [b + "/dy3", b + "/dx3"],
                              [b + "/dy3_after", b + "/dx3_seen"], b + "/after_dx",
-                             domain=MS_DOMAIN)] + dy_rows(b + "/dy3_after", b + "/dyt")
-    nodes += [
-        helper.make_node("Reshape", [x, view], [b + "/x3"], b + "/x3"),
-        helper.make_node("Transpose", [b + "/x3"], [b + "/xt3"], b + "/xt", perm=[1, 0, 2]),
-        helper.make_node("Reshape", [b + "/xt3", rows], [b + "/xt"], b + "/xt2"),
-        helper.make_node("FusedMatMul", [b + "/dyt", b + "/xt"], [b + "/dw2"], b + "/dw",
-                         domain=MS_DOMAIN, transA=0, transB=1, alpha=1.0),
-        helper.make_node("Reshape", [b + "/dw2", int64_constant(
-            graph, f"pwgrad_wshape_{c_out}_{c_in}_{len(pixels)}",
-            [c_out, c_in] + [1] * len(pixels))], [dw], b + "/dw_shape")]
+                             domain=MS_DOMAIN)]
+    wshape = int64_constant(graph, f"pwgrad_wshape_{c_out}_{c_in}_{len(pixels)}",
+                            [c_out, c_in] + [1] * len(pixels))
+    x3 = helper.make_node("Reshape", [x, view], [b + "/x3"], b + "/x3")
+    if p > ONE_PRODUCT_MAX_PIXELS and per_image_dw(c_out, c_in, p):
+        _state_batch_dim(graph, x, {b + "/dwn": [None, c_out, c_in]})
+        nodes += [
+            x3,
+            helper.make_node("FusedMatMul", [b + "/dy3_after", b + "/x3"], [b + "/dwn"],
+                             b + "/dw", domain=MS_DOMAIN, transA=0, transB=1, alpha=1.0),
+            helper.make_node("ReduceSum", [b + "/dwn", int64_constant(
+                graph, "pwgrad_images_axis", [0])], [b + "/dw2"], b + "/dw_sum", keepdims=0),
+            helper.make_node("Reshape", [b + "/dw2", wshape], [dw], b + "/dw_shape")]
+    else:
+        if p > ONE_PRODUCT_MAX_PIXELS:
+            nodes += dy_rows(b + "/dy3_after", b + "/dyt")
+        nodes += [
+            x3,
+            helper.make_node("Transpose", [b + "/x3"], [b + "/xt3"], b + "/xt", perm=[1, 0, 2]),
+            helper.make_node("Reshape", [b + "/xt3", rows], [b + "/xt"], b + "/xt2"),
+            helper.make_node("FusedMatMul", [b + "/dyt", b + "/xt"], [b + "/dw2"], b + "/dw",
+                             domain=MS_DOMAIN, transA=0, transB=1, alpha=1.0),
+            helper.make_node("Reshape", [b + "/dw2", wshape], [dw], b + "/dw_shape")]
     if len(g.output) > 2 and g.output[2]:
         axes = int64_constant(graph, f"pwgrad_bias_axes_{len(pixels)}",
                       [0] + list(range(2, 2 + len(pixels))))
         nodes.append(helper.make_node("ReduceSum", [dy, axes], [g.output[2]], b + "/db",
                                       keepdims=0))
     return nodes
+
+
+def per_image_dw(c_out: int, c_in: int, pixels: int) -> bool:
+    """Whether dW is made per image and summed (N products [C_out, C_in]) rather than as one
+    product of transposed copies of dY and X (N*P * (C_out + C_in) floats): the smaller."""
+    return c_out * c_in < (c_out + c_in) * pixels
 
 
 def pointwise_grads(graphs: Graphs, ctx: Context) -> int:

@@ -41,14 +41,21 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
         known = forward_shapes(str(ctx.folder / FILES[names.EVAL_MODEL]), plan.micro_batch)
     except Exception:  # noqa: BLE001 - shapes then come from ONNX inference alone
         known = None
-    judge = ctx.predicted_peak_as_shipped if planner == "budget" else ctx.predicted_peak
+    shipped: list = []  # (training graph, its graphs as shipped): the last one made
+
+    def as_shipped(training):  # the optimal search counts and predicts each plan's graph
+        if not shipped or shipped[0][0] is not training:
+            shipped[:] = [(training, ctx.as_shipped(dataclasses.replace(graphs,
+                                                                        training=training)))]
+        return shipped[0][1]
 
     def peak_of(training):
-        return judge(dataclasses.replace(graphs, training=training))
+        if planner in ("budget", "optimal"):
+            return ctx.predicted_peak(as_shipped(training))
+        return ctx.predicted_peak(dataclasses.replace(graphs, training=training))
 
     def flops_of(training):  # (step FLOPs without the copies, the copies'), as shipped
-        shipped = ctx.as_shipped(dataclasses.replace(graphs, training=training)).training
-        return counted_flops(shipped, plan.micro_batch)
+        return counted_flops(as_shipped(training).training, plan.micro_batch)
 
     rplan, graphs.training = plan_and_rewrite(
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,

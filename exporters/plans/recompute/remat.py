@@ -1,13 +1,17 @@
-"""Masked layers' dense weights rebuilt in backward instead of kept from the forward pass.
+"""Weights computed in the graph, rebuilt in backward instead of kept from the forward pass.
 
-A sparse layer scatters its kept values into a dense weight (exporters/plans/sparse.py). Backward
-reads that weight (ConvGrad needs it for the input gradient), so ORT keeps every layer's dense
-weight from the forward pass to the backward pass: the whole dense model's bytes at once. Here
-each late reader (a backward node or a recompute copy) gets its own copy of the scatter chain,
-started from PassThrough(values, positions, g) with g a late input of that reader: the copy
-runs just before it is read, and the forward weight dies after its forward use. Whatever
-else the chain computes from values and positions is rebuilt the same way (the scatter reads
-the int32 positions themselves: exporters.passes.scatterindices).
+Some layers' weights are computed from parameters on every call: a sparse layer scatters its
+kept values into a dense weight (exporters/plans/sparse.py), a convolution with a folded
+BatchNorm multiplies its weight by the norm's scale (exporters/passes/convbn.py). Backward
+reads that weight (ConvGrad needs it for the input gradient), so ORT keeps every layer's
+computed weight from the forward pass to the backward pass: the whole model's bytes at once
+(on ResNet-50 at micro-batch 8 with `sqrt` checkpoints, 20 MB of folded weights were live at
+the step's peak). Under a recompute plan each late reader (a backward node or a recompute
+copy) gets its own copy of the weight's chain, started from PassThrough(parameters..., g)
+with g a late input of that reader: the copy runs just before it is read, and the forward
+weight dies after its forward use. The chain is every node that builds the weight from the
+graph's inputs and constants alone (the scatter reads the int32 positions themselves:
+exporters.passes.scatterindices); its FLOPs are the weight's size, not the activations'.
 """
 from __future__ import annotations
 
@@ -18,12 +22,10 @@ from edgetrain import names
 from exporters.graph import ancestors, declare_like, ensure_ms_domain, is_backward
 
 
-def rematerialize_masked_weights(m: onnx.ModelProto,
-                                 suffixes: tuple[str, ...] = (names.MASK_VALUES_SUFFIX,
-                                                              names.MASK_POSITIONS_SUFFIX)
-                                 ) -> tuple[str, ...]:
-    """Rewrite `m` in place so late readers rebuild masked weights; returns the tensors now
-    rebuilt."""
+def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tuple[str, ...]:
+    """Rewrite `m` in place so late readers rebuild computed weights (chains that read at
+    least one graph input: a chain of constants alone ORT folds; with masked_only, only the
+    chains that read a mask's values or positions); returns the tensors now rebuilt."""
     nodes = list(m.graph.node)
     graph_inputs = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
     fed = {i.name for i in m.graph.input}  # trainable values, frozen positions (not constants)
@@ -52,9 +54,10 @@ def rematerialize_masked_weights(m: onnx.ModelProto,
             if t in late or t in graph_inputs or t not in producer or order is None:
                 continue
             nodes_t = chain(t)
-            if not nodes_t or not any(x.endswith(suffixes) for n in nodes_t for x in n.input):
+            sources = sorted({x for n in nodes_t for x in n.input if x in fed}) if nodes_t else []
+            if not sources or masked_only and not any(
+                    x.endswith(MASKED) for n in nodes_t for x in n.input):
                 continue
-            sources = sorted({x for n in nodes_t for x in n.input if x in fed})
             p = f"remat.{k}.{j}"
             alias = [f"{p}.{s}" for s in sources]
             new_nodes.append(helper.make_node("PassThrough", [*sources, order],
@@ -81,3 +84,6 @@ def rematerialize_masked_weights(m: onnx.ModelProto,
         declare_like(m, new_nodes, lambda n, k, o: n.input[k] if n.op_type == "PassThrough"
                      else o.rsplit("_remat.", 1)[0])
     return tuple(dict.fromkeys(rebuilt))
+
+
+MASKED = (names.MASK_VALUES_SUFFIX, names.MASK_POSITIONS_SUFFIX)

@@ -4,15 +4,19 @@
     .venv/bin/python bench/recompute.py --heavy   # ResNet-50 alone (bench/heavy.py)
     .venv/bin/python bench/recompute.py --report  # the table from saved results
 
-For each seed network: export with recompute `none`, `sqrt` and `optimal` (its default time
-budget, 1.3x the step's FLOPs; no pretraining: weights do not change memory or time) and
-measure each; then export with the `budget` planner at three
+For each network (the built-in ones and two probes, bench/probe_models.py: a TCN and a
+transformer encoder exported through the Python API): export with recompute `none`, `sqrt`
+and `optimal` (its default time budget, 1.3x the step's FLOPs; no pretraining: weights do
+not change memory or time) and measure each; for the image networks, then export with the
+`budget` planner at three
 budgets between the measured `sqrt` and `none` peaks (10%, 50% and 90% of the way) and
 measure each under its budget as a cap (a plan that did not fit would fail the run); a budget
 for which the planner finds no plan that leaves its headroom free is a row with the
 planner's refusal, as a user gets it (when the budget is that close to `sqrt`'s peak). The
 step time of every plan is the median over ROUNDS alternating measurements of STEPS steps
-each, all in one run. Writes bench/results/recompute.json and the table in docs/recompute.md.
+each, all in one run. Writes bench/results/recompute.json, the table in docs/recompute.md and
+its guards (issue 41's checks: optimal <= sqrt <= none in measured activations, optimal's
+step time within 1.3x + 5%, its predicted peak's error).
 """
 from __future__ import annotations
 
@@ -25,9 +29,13 @@ from pathlib import Path
 from edgetrain.names import MANIFEST_NAME
 from common import CLI, ROOT, measure_or_report, replace_table, run
 from heavy import HEAVY_HELP, kept_rows, part, why_mixed
+from probe_models import PROBES, export_probe
 
-NETWORKS = ["mobilenet_v1", "patch_mobilenet", "resnet50"]
+NETWORKS = ["imu_cnn", "imu_transformer", "tcn_probe", "encoder_probe", "mobilenet_v1",
+            "patch_mobilenet", "resnet50"]
+BUDGET_NETWORKS = ("mobilenet_v1", "patch_mobilenet", "resnet50")  # with budget rows
 FIXED_PLANS = ("none", "sqrt", "optimal")  # planners without a byte budget
+TIME_RATIO, TIME_NOISE = 1.3, 0.05  # optimal's default budget; the guard's allowance
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
 BATCH, ROUNDS, STEPS = 8, 3, 5
 
@@ -38,6 +46,8 @@ REFUSAL = "error: no recompute plan fits the budget"  # the budget planner's ans
 def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict | str:
     """The artifact's manifest; for a budget no plan fits with the planner's headroom, the
     planner's refusal (its error, which the table shows: that is what a user gets)."""
+    if net in PROBES:
+        return export_probe(net, art, planner, BATCH)
     extra = ["--budget", str(budget)] if budget else []
     p = subprocess.run([*CLI, "export", "--model", net, "--epochs", "0", "--no-cache",
                         "--recompute", planner, "--micro-batch", str(BATCH), "--out", str(art),
@@ -64,7 +74,7 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
     none_peak = plans["none"]["runs"][0]["peak_bytes"]
     sqrt_peak = plans["sqrt"]["runs"][0]["peak_bytes"]
     refused = []
-    for f in BUDGET_FRACTIONS:
+    for f in BUDGET_FRACTIONS if net in BUDGET_NETWORKS else ():
         budget = int(sqrt_peak + f * (none_peak - sqrt_peak))
         name = f"budget@{f:.0%}"
         art = tmp / f"{net}-{name}"
@@ -127,6 +137,37 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def guards(rows: list[dict]) -> list[dict]:
+    """Issue 41's checks per network: measured activations optimal <= sqrt <= none, optimal's
+    measured step time within TIME_RATIO (+TIME_NOISE), its predicted peak's error."""
+    out = []
+    for net in dict.fromkeys(r["network"] for r in rows):
+        plan = {r["plan"]: r for r in rows if r["network"] == net and not r.get("refused")}
+        if not all(p in plan for p in FIXED_PLANS):
+            continue
+        acts = [plan[p]["activation_bytes"] for p in FIXED_PLANS]
+        opt = plan["optimal"]
+        out.append({"network": net, "activations": acts,
+                    "ordered": acts[2] <= acts[1] <= acts[0],
+                    "optimal_time_ratio": opt["time_ratio"],
+                    "within_time": opt["time_ratio"] <= TIME_RATIO + TIME_NOISE,
+                    "optimal_peak_error_ratio": round(opt["predicted_peak_bytes"]
+                                                      / opt["peak_bytes"] - 1, 4)})
+    return out
+
+
+def guard_table(rows: list[dict]) -> str:
+    lines = ["| network | none | sqrt | optimal | optimal <= sqrt <= none | optimal's time "
+             f"(<= {TIME_RATIO + TIME_NOISE:.2f}x) | optimal's predicted peak |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for g in guards(rows):
+        lines.append(f"| {g['network']} | " + " | ".join(f"{a:,}" for a in g["activations"])
+                     + f" | {'yes' if g['ordered'] else '**no**'} | "
+                     f"{g['optimal_time_ratio']:.2f}x{'' if g['within_time'] else ' **over**'}"
+                     f" | {g['optimal_peak_error_ratio']:+.1%} |")
+    return "\n".join(lines)
+
+
 def network_of(row: dict) -> str:
     return row["network"]
 
@@ -143,8 +184,11 @@ def measure_all(heavy: bool) -> list[dict]:
 
 
 def report(rows: list[dict]) -> None:
+    why = why_mixed("recompute", network_of)
     replace_table(ROOT / "docs" / "recompute.md", table(rows).splitlines(),
-                  sources=["recompute"], why_mixed=why_mixed("recompute", network_of))
+                  sources=["recompute"], why_mixed=why)
+    replace_table(ROOT / "docs" / "recompute.md", guard_table(rows).splitlines(),
+                  sources=["recompute"], why_mixed=why, name="guards")
 
 
 if __name__ == "__main__":

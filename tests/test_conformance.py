@@ -109,10 +109,13 @@ def test_prediction_within_5_percent_or_says_it_cannot(case):
 
 
 def test_sqrt_never_raises_the_activations(case):
+    """Measured. Where the predictor makes no claim on the graph without a plan, a plan is
+    kept only if its worst case over where ORT runs the Shape nodes is predicted lower; a
+    model left without checkpoints says why."""
     assert case.sqrt["breakdown"]["activations"] <= case.measured[0]["breakdown"]["activations"]
-    if not case.measured[0]["predicted_complete"]:  # it cannot confirm a saving: none kept
-        plan = case.manifests["sqrt"].plan
-        assert plan.checkpoints == () and "cannot predict" in plan.recompute_note
+    plan = case.manifests["sqrt"].plan
+    if not case.measured[0]["predicted_complete"] and not plan.checkpoints:
+        assert plan.recompute_note.startswith("no checkpoints"), plan.recompute_note
 
 
 def test_density_masks_every_eligible_weight_and_cuts_trainable_state(case):

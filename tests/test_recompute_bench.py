@@ -27,3 +27,22 @@ def test_a_refused_budget_is_a_row_with_the_planners_reason_and_every_cell():
     assert "| 4,698,009 | refused: the smallest predicted peak of the 113 plans checked is " \
         "4,767,488 bytes (4 checkpoints), and a plan must leave 262,144 bytes of headroom |" \
         in lines[-1]
+
+
+def _row(plan: str, acts: int, time_ratio: float, peak: int, predicted: int) -> dict:
+    return {"network": "n", "plan": plan, "activation_bytes": acts, "time_ratio": time_ratio,
+            "peak_bytes": peak, "predicted_peak_bytes": predicted}
+
+
+def test_guards_flag_an_unordered_network_and_an_optimal_plan_over_its_time():
+    ok = [_row("none", 300, 1.0, 500, 500), _row("sqrt", 200, 1.2, 400, 404),
+          _row("optimal", 150, 1.34, 350, 346)]
+    g = recompute.guards(ok)[0]
+    assert g["ordered"] and g["within_time"] and g["optimal_peak_error_ratio"] == -0.0114
+    bad = [_row("none", 300, 1.0, 500, 500), _row("sqrt", 200, 1.2, 400, 400),
+           _row("optimal", 210, 1.36, 410, 410)]
+    g = recompute.guards(bad)[0]
+    assert not g["ordered"] and not g["within_time"]
+    lines = recompute.guard_table(bad).splitlines()
+    assert lines[-1] == "| n | 300 | 200 | 210 | **no** | 1.36x **over** | +0.0% |"
+    assert recompute.guards(bad[:2]) == []  # no optimal row: nothing to guard

@@ -16,6 +16,7 @@ from edgetrain import names
 from edgetrain.names import FILES
 from exporters.passes.pipeline import Context, Graphs, Pass
 from exporters.plans.recompute import counted_flops, plan_and_rewrite
+from exporters.predictor import Prediction
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 
@@ -23,6 +24,17 @@ from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 # recomputed convolutions in backward can need a buffer region of that size of their own, so
 # a smaller predicted saving may turn into a measured loss (seen on small 1-D CNNs).
 MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD = MLAS_CONV_BUFFER_FLOATS_PER_THREAD * 4
+
+
+def judged_peak(p: Prediction, strict: bool) -> int | None:
+    """The peak a plan is judged by: the prediction's, None where it makes no claim. Not
+    strict (sqrt, optimal), a prediction whose one caveat is where ORT schedules the Shape
+    nodes is judged by the higher of the two orders' peaks (its peak_bytes), so TCNs and
+    attention get plans that lower the worst case; a budget needs a claim."""
+    if p.complete or not strict and p.order_dependent and not (
+            p.unsized_tensors or p.unmodelled_ops or p.failure):
+        return p.peak_bytes
+    return None
 
 
 def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
@@ -50,9 +62,9 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
         return shipped[0][1]
 
     def peak_of(training):
-        if planner in ("budget", "optimal"):
-            return ctx.predicted_peak(as_shipped(training))
-        return ctx.predicted_peak(dataclasses.replace(graphs, training=training))
+        judged = (as_shipped(training) if planner in ("budget", "optimal")
+                  else dataclasses.replace(graphs, training=training))
+        return judged_peak(ctx.predict(judged), strict=planner == "budget")
 
     def flops_of(training):  # (step FLOPs without the copies, the copies'), as shipped
         return counted_flops(as_shipped(training).training, plan.micro_batch)

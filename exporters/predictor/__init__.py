@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+import onnx
+
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from exporters.predictor.cycle import (INFERENCE_BATCH, Run, cycle_activation_bytes, inference_run,
@@ -60,6 +62,7 @@ MODELLED_OPS = frozenset({
     "Gelu", "GeluGrad", "Gemm", "GlobalAveragePool", "Greater", "GreaterOrEqual", "HardSigmoid",
     "Identity",
     "InPlaceAccumulatorV2", "LayerNormalization", "LayerNormalizationGrad", "LeakyRelu",
+    "SkipLayerNormalization",
     "LeakyReluGrad", "LessOrEqual", "Log",
     "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mod", "Mul", "Neg", "Pad", "PassThrough",
     "Pow",
@@ -158,13 +161,24 @@ def check_ort_version() -> str:
     return found
 
 
-def known_shapes(eval_path: str, batch: int) -> Shapes | None:
+def known_shapes(eval_path: str, batch: int, train: str | None = None) -> Shapes | None:
     """Forward tensor shapes from running the eval graph, or None where ORT cannot run it
-    forward (shapes are then inferred from the graph alone)."""
+    forward (shapes are then inferred from the graph alone). With the training graph `train`,
+    also its recompute copies' shapes: each is its original's (a copy runs the same node on
+    the same shapes), which shape inference cannot always find (a copied attention's
+    reshapes to computed shapes: 97 tensors unsized on a transformer encoder's sqrt plan)."""
     try:
-        return forward_shapes(eval_path, batch)
+        shapes = forward_shapes(eval_path, batch)
     except Exception:  # noqa: BLE001 - a graph ORT cannot run forward: fall back to inference
         return None
+    if train is not None:
+        graph = onnx.load(train, load_external_data=False).graph
+        copies = {o for n in graph.node if names.is_recompute_name(n.name) for o in n.output}
+        for o in copies:
+            original = o.removesuffix(names.RECOMPUTE_SUFFIX)
+            if o != original and original in shapes and o not in shapes:
+                shapes[o] = shapes[original]
+    return shapes
 
 
 def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
@@ -181,7 +195,7 @@ def claimed_plan(train: str, eval_model: str, batch: int, threads: int
                  ) -> tuple[StepPlan, int]:
     """The step's plan the prediction claims (the larger of activation_plans), with its
     activation bytes; shapes from running the eval graph forward where ORT can."""
-    return max(activation_plans(train, batch, threads, known_shapes(eval_model, batch)),
+    return max(activation_plans(train, batch, threads, known_shapes(eval_model, batch, train)),
                key=lambda pa: pa[1])
 
 
@@ -204,7 +218,7 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     tensors = list(trainable) + list(frozen)
     grads = state_bytes(trainable)
     train = str(folder / files[names.TRAINING_MODEL])
-    known = known_shapes(str(folder / files[names.EVAL_MODEL]), batch)
+    known = known_shapes(str(folder / files[names.EVAL_MODEL]), batch, train)
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:

@@ -164,7 +164,7 @@ def _optimal(fwd: Forward, req: PlanRequest, write, count, predict_peak, predict
             if (best.checkpoints and None not in (none_peak, best_peak)
                     and none_peak - best_peak >= min_saving_bytes):
                 return best.checkpoints, (
-                    f"the lowest predicted peak of {found.judged} plans within {budget}: "
+                    f"the lowest predicted step peak of {found.judged} plans within {budget}: "
                     f"{best_peak:,} bytes, +{added:.1%} FLOPs recomputed (counted on the "
                     f"graph as it ships){stopped}")
             return (), (f"no checkpoints: none of the {found.judged} plans judged within "

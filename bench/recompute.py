@@ -14,7 +14,8 @@ measure each under its budget as a cap (a plan that did not fit would fail the r
 for which the planner finds no plan that leaves its headroom free is a row with the
 planner's refusal, as a user gets it (when the budget is that close to `sqrt`'s peak). The
 step time of every plan is the median over ROUNDS alternating measurements of STEPS steps
-each, all in one run. Writes bench/results/recompute.json, the table in docs/recompute.md and
+each (more where `none`'s step is short: steps_for), all in one run. Writes
+bench/results/recompute.json, the table in docs/recompute.md and
 its guards (issue 41's checks: optimal <= sqrt <= none in measured activations, optimal's
 step time within 1.3x + 5%, its predicted peak's error).
 """
@@ -38,6 +39,7 @@ FIXED_PLANS = ("none", "sqrt", "optimal")  # planners without a byte budget
 TIME_RATIO, TIME_NOISE = 1.3, 0.05  # optimal's default budget; the guard's allowance
 BUDGET_FRACTIONS = (0.1, 0.5, 0.9)  # of the way from the sqrt peak to the none peak
 BATCH, ROUNDS, STEPS = 8, 3, 5
+TIMED_S, MAX_STEPS = 0.5, 100  # short steps: timed for about this long (steps_for)
 
 
 REFUSAL = "error: no recompute plan fits the budget"  # the budget planner's answer
@@ -60,17 +62,25 @@ def export(art: Path, net: str, planner: str, budget: int | None = None) -> dict
     return json.loads((art / MANIFEST_NAME).read_text())
 
 
-def measure(art: Path, budget: int | None) -> dict:
+def measure(art: Path, budget: int | None, steps: int = STEPS) -> dict:
     extra = ["--budget", str(budget)] if budget else []
-    return json.loads(run("measure", str(art), "--batch", str(BATCH), "--steps", str(STEPS),
+    return json.loads(run("measure", str(art), "--batch", str(BATCH), "--steps", str(steps),
                           "--json", *extra))
+
+
+def steps_for(step_time_s: float) -> int:
+    """Steps a measurement times: STEPS, or enough for about TIMED_S seconds where a step is
+    short (a few-ms step on 2 shared cores moved 2-3x between rounds over 5 steps)."""
+    return max(STEPS, min(MAX_STEPS, round(TIMED_S / max(step_time_s, 1e-4))))
 
 
 def bench_network(tmp: Path, net: str) -> list[dict]:
     plans = {p: {"art": tmp / f"{net}-{p}", "budget": None} for p in FIXED_PLANS}
     for name, p in plans.items():
         p["manifest"] = export(p["art"], net, name)
-        p["runs"] = [measure(p["art"], None)]
+    steps = steps_for(measure(plans["none"]["art"], None)["step_time_s"])
+    for p in plans.values():
+        p["runs"] = [measure(p["art"], None, steps)]
     none_peak = plans["none"]["runs"][0]["peak_bytes"]
     sqrt_peak = plans["sqrt"]["runs"][0]["peak_bytes"]
     refused = []
@@ -84,10 +94,10 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
                             "budget_bytes": budget, "refused": manifest})
             continue
         plans[name] = {"art": art, "budget": budget, "manifest": manifest,
-                       "runs": [measure(art, budget)]}
+                       "runs": [measure(art, budget, steps)]}
     for _ in range(ROUNDS - 1):  # alternate, so drifts in machine load hit every plan alike
         for p in plans.values():
-            p["runs"].append(measure(p["art"], p["budget"]))
+            p["runs"].append(measure(p["art"], p["budget"], steps))
     base = plans["none"]["runs"][0]
     base_time = statistics.median(r["step_time_s"] for r in plans["none"]["runs"])
     sqrt_time = statistics.median(r["step_time_s"] for r in plans["sqrt"]["runs"])
@@ -109,7 +119,8 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
             "predicted_activation_bytes": r["predicted_breakdown"]["activations"],
             "activation_cut_ratio": round(base["breakdown"]["activations"]
                                           / r["breakdown"]["activations"], 3),
-            "step_time_s": round(t, 4), "step_times_s": [x["step_time_s"] for x in p["runs"]],
+            "steps": steps, "step_time_s": round(t, 4),
+            "step_times_s": [x["step_time_s"] for x in p["runs"]],
             "time_ratio": round(t / base_time, 3), "time_vs_sqrt": round(t / sqrt_time, 3)})
         print(json.dumps(rows[-1]), flush=True)
     order = [*FIXED_PLANS, *(f"budget@{f:.0%}" for f in BUDGET_FRACTIONS)]

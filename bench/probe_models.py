@@ -19,15 +19,6 @@ from torch import nn
 CLASSES = 6
 
 
-class Classify(nn.Module):
-    def __init__(self, body: nn.Module, features: int):
-        super().__init__()
-        self.body, self.head = body, nn.Linear(features, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x).flatten(1))
-
-
 class TemporalBlock(nn.Module):
     def __init__(self, c: int, dilation: int):
         super().__init__()
@@ -45,15 +36,14 @@ class TimeMean(nn.Module):
 
 
 def tcn() -> nn.Module:
-    return Classify(nn.Sequential(nn.Conv1d(6, 64, 1),
-                                  *[TemporalBlock(64, 2 ** k) for k in range(6)],
-                                  nn.AdaptiveAvgPool1d(1)), 64)
+    return nn.Sequential(nn.Conv1d(6, 64, 1), *[TemporalBlock(64, 2 ** k) for k in range(6)],
+                         nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, CLASSES))
 
 
 def encoder() -> nn.Module:
     layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    return Classify(nn.Sequential(nn.Linear(6, 64), nn.TransformerEncoder(
-        layer, 4, enable_nested_tensor=False), TimeMean()), 64)
+    return nn.Sequential(nn.Linear(6, 64), nn.TransformerEncoder(
+        layer, 4, enable_nested_tensor=False), TimeMean(), nn.Linear(64, CLASSES))
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ counted as shipped, and those over the budget are out. The best is the lowest pr
 peak; among equal predictions, the lowest segment-model peak (the predictor's peak is one
 moment of the step: a plan with fewer bytes at the model's own worst moment has more room
 where the predictor errs; on MobileNetV1 two plans predicted alike measured 27.8 and 29.4 MB,
-the lower the one of lower model peak), then the fewest FLOPs. The search judges for at most `deadline_s` seconds
-(OPTIMAL_SEARCH_S), then settles for the best so far and says so.
+the lower the one of lower model peak), then the fewest FLOPs. The search judges for at most
+`deadline_s` seconds (OPTIMAL_SEARCH_S), then settles for the best so far and says so.
 """
 from __future__ import annotations
 

@@ -104,8 +104,10 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         """The plan written in, with every computed weight rebuilt in backward or only the
         masked ones, whichever the predictor puts lower (only the masked ones without it:
         rebuilding costs a small network more than it frees)."""
-        masked = predict_model_peak is None or planner == "none" or (
-            (predict_peak(checkpoints, True) or 0) <= (predict_peak(checkpoints) or 0))
+        masked = True
+        if predict_model_peak is not None and planner != "none":
+            full, only = predict_peak(checkpoints), predict_peak(checkpoints, True)
+            masked = full is None or only is not None and only <= full
         plan, graph = write(checkpoints, masked_only=masked)
         return dataclasses.replace(plan, note=note), graph
 
@@ -167,9 +169,10 @@ def _optimal(fwd: Forward, req: PlanRequest, write, count, predict_peak, predict
                     f"the lowest predicted step peak of {found.judged} plans within {budget}: "
                     f"{best_peak:,} bytes, +{added:.1%} FLOPs recomputed (counted on the "
                     f"graph as it ships){stopped}")
+            kept = "" if none_peak is None else f" ({none_peak:,} bytes)"
             return (), (f"no checkpoints: none of the {found.judged} plans judged within "
                         f"{budget} is predicted at least {min_saving_bytes:,} bytes below "
-                        f"keeping every tensor ({none_peak or 0:,} bytes){stopped}")
+                        f"keeping every tensor{kept}{stopped}")
     plan = plan_forward(fwd, "optimal", req)
     plan, extra = _withincounted_flops(fwd, req, plan, write, count)
     why = ("the predictor cannot predict this graph's peak, so " if predict_peak is not None

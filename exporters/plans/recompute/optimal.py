@@ -7,7 +7,7 @@ recompute copies counted on the training graph as it ships (the later passes app
 the step's FLOPs without them, r the allowed step-time ratio (`--recompute-time`; FLOPs
 stand in for time). P(C) has no closed form: ORT's allocation planner reuses buffers and
 lays them out in one memory-pattern block, so holes between them count (on ResNet-50 at
-micro-batch 8 the block is 25-40% larger than the most bytes live at once). The static
+micro-batch 8 the block was 13-41% larger than the most bytes live at once). The static
 predictor replays that planner on the rewritten graph, a few seconds on ResNet-50; it is
 the objective.
 
@@ -33,13 +33,12 @@ the lower the one of lower model peak), then the fewest FLOPs. The search judges
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from exporters.plans.recompute.analysis import Forward
-from exporters.plans.recompute.planners import PlanRequest, plan_optimal
+from exporters.plans.recompute.planners import PlanRequest, lowest_peak_within
 from exporters.plans.recompute.segment_model import SegmentModel
 
 OPTIMAL_SEARCH_S = 150.0  # seconds of judging before the search settles for its best
@@ -60,7 +59,6 @@ class Judged:
 class Search:
     best: Judged
     judged: int  # candidates the predictor judged
-    over_budget: int  # judged candidates whose counted FLOPs exceeded the budget
     stopped: bool  # the deadline ended the search before its candidates did
 
 
@@ -76,7 +74,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     budget = req.max_extra_flops
     start = time.monotonic()
     seen: dict[tuple[str, ...], Judged | None] = {}
-    counts = {"judged": 0, "over": 0}
+    judged = 0
 
     def consider(ck: tuple[str, ...]) -> Judged | None:
         ck = tuple(c for c in fwd.cuts if c in ck)  # one order for one plan
@@ -85,11 +83,10 @@ def search_optimal(fwd: Forward, req: PlanRequest,
         seen[ck] = None
         if model.flops(ck) > budget:
             return None
+        nonlocal judged
         extra, peak = judge(ck)
-        counts["judged"] += 1
-        if extra > budget:
-            counts["over"] += 1
-        elif peak is not None:
+        judged += 1
+        if extra <= budget and peak is not None:
             seen[ck] = Judged(ck, extra, peak, model.peak(ck))
         return seen[ck]
 
@@ -100,7 +97,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     if consider(()) is None:
         raise ValueError("the predictor cannot predict the training graph's peak")
     stopped = False
-    for ck in pareto_front(fwd, req):
+    for ck in pareto_front(fwd, req, model):
         if time.monotonic() - start > deadline_s:
             stopped = True
             break
@@ -114,20 +111,23 @@ def search_optimal(fwd: Forward, req: PlanRequest,
             if time.monotonic() - start > deadline_s:
                 stopped = True
                 break
-            judged = consider(ck)
-            if judged is not None and judged.rank() < current.rank():
+            found = consider(ck)
+            if found is not None and found.rank() < current.rank():
                 improved = True
         improved = improved and not stopped
-    return Search(best(), counts["judged"], counts["over"], stopped)
+    return Search(best(), judged, stopped)
 
 
-def pareto_front(fwd: Forward, req: PlanRequest) -> list[tuple[str, ...]]:
+def pareto_front(fwd: Forward, req: PlanRequest, model: SegmentModel | None = None
+                 ) -> list[tuple[str, ...]]:
     """One plan for each (model peak, FLOPs) pair no other plan within req.max_extra_flops
-    beats in both, lowest peak first."""
+    beats in both, lowest peak first. `model`: the segment model of fwd and req, if made."""
     out, budget = [], req.max_extra_flops
-    model = SegmentModel(fwd, req)
+    if not fwd.cuts:
+        return [()] if budget is not None and budget >= 0 else []
+    model = model or SegmentModel(fwd, req)
     while budget is not None and budget >= 0:
-        ck = plan_optimal(fwd, dataclasses.replace(req, max_extra_flops=budget))
+        ck = lowest_peak_within(model, budget)
         out.append(ck)
         budget = model.flops(ck) - 1
     return out

@@ -121,16 +121,21 @@ def plan_optimal(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
                          "export's recompute_time_ratio)")
     if len(fwd.cuts) < 1:
         return ()
-    model = SegmentModel(fwd, req)
+    return lowest_peak_within(SegmentModel(fwd, req), req.max_extra_flops)
+
+
+def lowest_peak_within(model: SegmentModel, max_extra_flops: int) -> tuple[str, ...]:
+    """plan_optimal on a segment model already made (its segment costs cached): the lowest
+    model peak within max_extra_flops, fewest FLOPs among equals."""
     lo, hi = model.peak(model.lowest_peak()), model.peak(())
     best = model.cheapest_within(lo)
-    if best is not None and model.flops(best) <= req.max_extra_flops:
+    if best is not None and model.flops(best) <= max_extra_flops:
         return best
     best = ()  # keeping every tensor: the peak hi at no extra FLOPs
     while hi - lo > 1:  # the plan at hi fits the FLOP budget, none at lo does
         mid = (lo + hi) // 2
         ck = model.cheapest_within(mid)
-        if ck is not None and model.flops(ck) <= req.max_extra_flops:
+        if ck is not None and model.flops(ck) <= max_extra_flops:
             hi, best = mid, ck
         else:
             lo = mid

@@ -1,0 +1,163 @@
+"""The step-time model's fit (exporters/predictor/steptime.py) and how well it predicts.
+
+    .venv/bin/python bench/time_model.py           # profile, fit, write the model and table
+    .venv/bin/python bench/time_model.py --report  # the table from saved results
+
+For each network of bench/recompute.py but ResNet-50 (its optimal export alone takes minutes;
+the fit has ResNet-50's operators from the MobileNets), export at micro-batch 8 with recompute
+`none`, `sqrt` and `optimal` and run RUNS training steps (after WARMUP) with ORT's profiler on,
+in a torch-free child with the plan's threads. Each profiled node gives (op, FLOPs, bytes,
+kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. The
+executor's time per node is the median step's time less its kernels', over its nodes. The fit
+on every network is written to exporters/predictor/time_model.json (the model the exporter
+plans with). Held out: each network's step times and plan-to-none ratios are predicted by a
+fit on the other networks' profiles alone, beside the measured ones and the FLOP ratio.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from common import ROOT, measure_or_report, replace_table, stamp
+from recompute import BATCH, FIXED_PLANS, export
+from edgetrain.names import FILES, TRAINING_MODEL
+from exporters.predictor.cost import node_costs
+from exporters.predictor.steptime import TIME_MODEL_FILE, fit_time_model
+
+NETWORKS = ["imu_cnn", "imu_transformer", "tcn_probe", "encoder_probe", "mobilenet_v1",
+            "patch_mobilenet"]
+WARMUP, RUNS = 3, 12
+
+PROFILER = """
+import json, sys
+import numpy as np
+from edgetrain.ort_device import onnxruntime, training_api
+from edgetrain.sessions import session_options
+art, prefix = sys.argv[1:3]
+api, ort = training_api(), onnxruntime()
+man = json.load(open(art + "/manifest.json"))
+so = session_options(ort, man["plan"]["threads"])
+so.enable_profiling = True
+so.profile_file_prefix = prefix
+state = api.CheckpointState.load_checkpoint(art + "/checkpoint")
+module = api.Module(art + "/training_model.onnx", state, art + "/eval_model.onnx",
+                    session_options=so)
+b = man["plan"]["micro_batch"]
+x = np.random.default_rng(0).standard_normal((b, *man["input"]["sample_shape"]), np.float32)
+y = np.zeros(b, np.int64)
+module.train()
+for _ in range(int(sys.argv[3])):
+    module(x, y)
+"""
+
+
+def profile(art: Path, tmp: Path) -> list[dict]:
+    """ORT's profile events of WARMUP + RUNS training steps of artifact `art`."""
+    prefix = tmp / f"{art.name}-profile"
+    p = subprocess.run([sys.executable, "-c", PROFILER, str(art), str(prefix),
+                        str(WARMUP + RUNS)], capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
+    path = next(tmp.glob(f"{prefix.name}*.json"))
+    events = json.loads(path.read_text())
+    path.unlink()
+    return events
+
+
+def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
+    """Each profiled step after WARMUP: (its seconds, {node name: kernel seconds})."""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    kernels = [e for e in events if e.get("cat") == "Node"
+               and e["name"].endswith("_kernel_time")]
+    out = []
+    for r in runs[WARMUP:]:
+        inside = {}
+        for e in kernels:
+            if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]:
+                name = e["name"].removesuffix("_kernel_time")
+                inside[name] = inside.get(name, 0.0) + e["dur"] * 1e-6
+        out.append((r["dur"] * 1e-6, inside))
+    return out
+
+
+def network_rows(tmp: Path, net: str) -> list[dict]:
+    """One row per plan: the step's measured seconds, its nodes' (op, FLOPs, bytes, median
+    kernel seconds), the executor's seconds per node and the plan's counted FLOPs."""
+    rows = []
+    for plan in FIXED_PLANS:
+        art = tmp / f"{net}-{plan}"
+        export(art, net, plan)
+        steps = steps_of(profile(art, tmp))
+        costs = node_costs(onnx.load(str(art / FILES[TRAINING_MODEL])), BATCH)
+        step_s = statistics.median(s for s, _ in steps)
+        nodes = []
+        for name, op, f, b in costs:
+            times = [k[name] for _, k in steps if name in k]
+            if times:
+                nodes.append([op, f, b, statistics.median(times)])
+        kernel_s = statistics.median(sum(k.values()) for _, k in steps)
+        rows.append({"network": net, "plan": plan, "step_s": step_s,
+                     "overhead_s": max(0.0, step_s - kernel_s) / max(1, len(costs)),
+                     "flops": sum(f for _, _, f, _ in costs), "costs": costs, "nodes": nodes})
+        print(f"{net} {plan}: {step_s * 1e3:.1f} ms, {len(nodes)} of {len(costs)} nodes "
+              "profiled", flush=True)
+    return rows
+
+
+def fit(rows: list[dict], fitted_on: dict | None = None):
+    samples = [tuple(n) for r in rows for n in r["nodes"]]
+    return fit_time_model(samples, statistics.median(r["overhead_s"] for r in rows), fitted_on)
+
+
+def held_out(rows: list[dict]) -> list[dict]:
+    """Per network and plan: measured and predicted step seconds and ratios to none, the
+    prediction by a fit on the other networks."""
+    out = []
+    for net in dict.fromkeys(r["network"] for r in rows):
+        model = fit([r for r in rows if r["network"] != net])
+        mine = {r["plan"]: r for r in rows if r["network"] == net}
+        none = mine["none"]
+        for plan, r in mine.items():
+            predicted = model.step_time_s(r["costs"])
+            out.append({"network": net, "plan": plan, "step_s": round(r["step_s"], 5),
+                        "predicted_step_s": round(predicted, 5),
+                        "time_ratio": round(r["step_s"] / none["step_s"], 3),
+                        "predicted_time_ratio": round(
+                            predicted / model.step_time_s(none["costs"]), 3),
+                        "flop_ratio": round(r["flops"] / none["flops"], 3)})
+    return out
+
+
+def measure() -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [r for net in NETWORKS for r in network_rows(Path(tmp), net)]
+    where = stamp()
+    model = fit(rows, {**where, "threads": 2, "micro_batch": BATCH, "networks": NETWORKS})
+    TIME_MODEL_FILE.write_text(json.dumps(model.to_dict(), indent=2) + "\n")
+    print(f"wrote {TIME_MODEL_FILE.relative_to(ROOT)}", flush=True)
+    return {"held_out": held_out(rows), "model": model.to_dict()}
+
+
+def table(result: dict) -> str:
+    lines = ["| network | plan | measured step | predicted (held out) | measured vs none "
+             "| predicted vs none | FLOPs vs none |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in result["held_out"]:
+        lines.append(f"| {r['network']} | {r['plan']} | {r['step_s'] * 1e3:.1f} ms | "
+                     f"{r['predicted_step_s'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
+                     f"{r['predicted_time_ratio']:.2f}x | {r['flop_ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def report(result: dict) -> None:
+    replace_table(ROOT / "docs" / "recompute.md", table(result).splitlines(), name="time_model",
+                  sources=["time_model"])
+
+
+if __name__ == "__main__":
+    measure_or_report("time_model", measure, report, __doc__.splitlines()[0])

@@ -7,8 +7,9 @@ For each network of bench/recompute.py but ResNet-50 (its optimal export alone t
 the fit has ResNet-50's operators from the MobileNets), export at micro-batch 8 with recompute
 `none`, `sqrt` and `optimal` and run RUNS training steps (after WARMUP) with ORT's profiler on,
 in a torch-free child with the plan's threads. Each profiled node gives (op, FLOPs, bytes,
-kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. The
-executor's time per node is the median step's time less its kernels', over its nodes. The fit
+kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. The same
+steps are then timed without the profiler (whose own time falls between kernels): the
+executor's time per node is that median step less the profiled kernels', over its nodes. The fit
 on every network is written to exporters/predictor/time_model.json (the model the exporter
 plans with). Held out: each network's step times and plan-to-none ratios are predicted by a
 fit on the other networks' profiles alone, beside the measured ones and the FLOP ratio.
@@ -35,7 +36,7 @@ NETWORKS = ["imu_cnn", "imu_transformer", "tcn_probe", "encoder_probe", "mobilen
 WARMUP, RUNS = 3, 12
 
 PROFILER = """
-import json, sys
+import json, sys, time
 import numpy as np
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.sessions import session_options
@@ -54,24 +55,35 @@ y = np.zeros(b, np.int64)
 module.train()
 for _ in range(int(sys.argv[3])):
     module(x, y)
+del module  # then the same steps unprofiled: the profiler's own time is between the kernels
+plain = api.Module(art + "/training_model.onnx", state, art + "/eval_model.onnx",
+                   session_options=session_options(ort, man["plan"]["threads"]))
+plain.train()
+times = []
+while len(times) < int(sys.argv[3]) or sum(times[int(sys.argv[4]):]) < 0.5:
+    t0 = time.perf_counter()
+    plain(x, y)
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times[int(sys.argv[4]):]))
 """
 
 
-def profile(art: Path, tmp: Path) -> list[dict]:
-    """ORT's profile events of WARMUP + RUNS training steps of artifact `art`."""
+def profile(art: Path, tmp: Path) -> tuple[list[dict], list[float]]:
+    """ORT's profile events of WARMUP + RUNS training steps of artifact `art`, and the
+    seconds of RUNS unprofiled steps (after WARMUP)."""
     prefix = tmp / f"{art.name}-profile"
     p = subprocess.run([sys.executable, "-c", PROFILER, str(art), str(prefix),
-                        str(WARMUP + RUNS)], capture_output=True, text=True, cwd=ROOT)
+                        str(WARMUP + RUNS), str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
     path = next(tmp.glob(f"{prefix.name}*.json"))
     events = json.loads(path.read_text())
     path.unlink()
-    return events
+    return events, json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
-    """Each profiled step after WARMUP: (its seconds, {node name: kernel seconds})."""
+    """Each profiled step after WARMUP: (its profiled seconds, {node name: kernel seconds})."""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
     kernels = [e for e in events if e.get("cat") == "Node"
                and e["name"].endswith("_kernel_time")]
@@ -87,15 +99,16 @@ def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
 
 
 def network_rows(tmp: Path, net: str) -> list[dict]:
-    """One row per plan: the step's measured seconds, its nodes' (op, FLOPs, bytes, median
+    """One row per plan: the step's unprofiled seconds, its nodes' (op, FLOPs, bytes, median
     kernel seconds), the executor's seconds per node and the plan's counted FLOPs."""
     rows = []
     for plan in FIXED_PLANS:
         art = tmp / f"{net}-{plan}"
         export(art, net, plan)
-        steps = steps_of(profile(art, tmp))
+        events, plain_s = profile(art, tmp)
+        steps = steps_of(events)
         costs = node_costs(onnx.load(str(art / FILES[TRAINING_MODEL])), BATCH)
-        step_s = statistics.median(s for s, _ in steps)
+        step_s = statistics.median(plain_s)
         nodes = []
         for name, op, f, b in costs:
             times = [k[name] for _, k in steps if name in k]

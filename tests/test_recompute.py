@@ -111,11 +111,11 @@ def test_budget_plan_fits_and_costs_no_more_than_sqrt(tmp_path):
     model = without_identities(onnx.load(str(tmp_path / "none" / "training_model.onnx")))[0]
     seg = SegmentModel(analyse(model), PlanRequest(
         tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, 8).items()},
-        node_flops={n: f for n, _, f, _ in node_costs(model, 8)}))
+        node_cost={n: f for n, _, f, _ in node_costs(model, 8)}))
     for budget in (budget_for_peak(sqrt_peak), (budget_for_peak(sqrt_peak) + none_peak) // 2):
         m = export_wide(tmp_path / str(budget), "budget", budget)
         assert m.predicted["peak_bytes"] <= budget - headroom_bytes(budget)
-        assert seg.flops(m.plan.checkpoints) <= seg.flops(sqrt_m.plan.checkpoints)
+        assert seg.cost(m.plan.checkpoints) <= seg.cost(sqrt_m.plan.checkpoints)
     m = export_wide(tmp_path / "roomy", "budget", budget_for_peak(none_peak))
     assert m.plan.checkpoints == () and m.plan.recomputed == ()  # nothing to recompute
 
@@ -140,15 +140,15 @@ def test_segment_model_search_is_exact():
     fwd = Forward(tuple(nodes), tuple(f"t{k}" for k in range(1, 9)),
                   frozenset(f"t{k}" for k in range(1, 10)),
                   {f"t{k + 1}": k for k in range(9)})
-    seg = SegmentModel(fwd, PlanRequest(tensor_bytes=size, node_flops=flops))
+    seg = SegmentModel(fwd, PlanRequest(tensor_bytes=size, node_cost=flops))
     plans = [c for r in range(len(fwd.cuts) + 1) for c in combinations(fwd.cuts, r)]
     for limit in range(0, seg.peak(()) + 2):
-        fitting = [seg.flops(c) for c in plans if seg.peak(c) <= limit]
+        fitting = [seg.cost(c) for c in plans if seg.peak(c) <= limit]
         found = seg.cheapest_within(limit)
         if not fitting:
             assert found is None
         else:
-            assert seg.peak(found) <= limit and seg.flops(found) == min(fitting)
+            assert seg.peak(found) <= limit and seg.cost(found) == min(fitting)
 
 
 @pytest.mark.slow

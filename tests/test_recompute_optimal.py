@@ -27,7 +27,7 @@ def _chain_forward(sizes, costs) -> tuple[Forward, PlanRequest]:
     n = len(sizes)
     fwd = Forward(tuple(nodes), tuple(f"t{k}" for k in range(1, n)),
                   frozenset(f"t{k}" for k in range(1, n + 1)), {f"t{k + 1}": k for k in range(n)})
-    return fwd, PlanRequest(tensor_bytes=size, node_flops=flops)
+    return fwd, PlanRequest(tensor_bytes=size, node_cost=flops)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -37,18 +37,18 @@ def test_the_optimal_plan_is_the_lowest_peak_within_the_flop_budget(seed):
     fwd, req = _chain_forward(sizes, costs)
     seg = SegmentModel(fwd, req)
     plans = [c for r in range(len(fwd.cuts) + 1) for c in combinations(fwd.cuts, r)]
-    most = max(seg.flops(c) for c in plans)
+    most = max(seg.cost(c) for c in plans)
     for budget in range(0, most + 2):
-        req_b = PlanRequest(tensor_bytes=req.tensor_bytes, node_flops=req.node_flops,
-                            max_extra_flops=budget)
+        req_b = PlanRequest(tensor_bytes=req.tensor_bytes, node_cost=req.node_cost,
+                            max_extra_cost=budget)
         found = plan_optimal(fwd, req_b)
-        best = min(seg.peak(c) for c in plans if seg.flops(c) <= budget)
-        assert seg.flops(found) <= budget
+        best = min(seg.peak(c) for c in plans if seg.cost(c) <= budget)
+        assert seg.cost(found) <= budget
         assert seg.peak(found) == best, (budget, found)
     # a budget of no FLOPs allows only checkpoints whose segments rebuild nothing
     free = plan_optimal(fwd, PlanRequest(tensor_bytes=req.tensor_bytes,
-                                         node_flops=req.node_flops, max_extra_flops=0))
-    assert seg.flops(free) == 0
+                                         node_cost=req.node_cost, max_extra_cost=0))
+    assert seg.cost(free) == 0
 
 
 def test_the_optimal_planner_needs_its_budget():
@@ -96,26 +96,26 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     fwd, req = _chain_forward(sizes, costs)
     seg = SegmentModel(fwd, req)
     plans = [c for r in range(len(fwd.cuts) + 1) for c in combinations(fwd.cuts, r)]
-    budget = max(seg.flops(c) for c in plans) // 2
-    req = PlanRequest(tensor_bytes=req.tensor_bytes, node_flops=req.node_flops,
-                      max_extra_flops=budget)
-    found = search_optimal(fwd, req, lambda ck: (seg.flops(ck), seg.peak(ck)))
+    budget = max(seg.cost(c) for c in plans) // 2
+    req = PlanRequest(tensor_bytes=req.tensor_bytes, node_cost=req.node_cost,
+                      max_extra_cost=budget)
+    found = search_optimal(fwd, req, lambda ck: (seg.cost(ck), seg.peak(ck)))
     assert found.best.predicted_peak_bytes == min(seg.peak(c) for c in plans
-                                                  if seg.flops(c) <= budget)
+                                                  if seg.cost(c) <= budget)
     bad = set(plan_optimal(fwd, req)[:1])
 
     def holes(ck):
         return seg.peak(ck) + (1000 if bad & set(ck) else 0)
 
-    found = search_optimal(fwd, req, lambda ck: (seg.flops(ck), holes(ck)))
-    assert not found.stopped and seg.flops(found.best.checkpoints) <= budget
+    found = search_optimal(fwd, req, lambda ck: (seg.cost(ck), holes(ck)))
+    assert not found.stopped and seg.cost(found.best.checkpoints) <= budget
     assert found.best.predicted_peak_bytes == holes(found.best.checkpoints)
     rivals = pareto_front(fwd, req) + neighbours(fwd.cuts, found.best.checkpoints)
     assert found.best.predicted_peak_bytes <= min(holes(c) for c in rivals
-                                                  if seg.flops(c) <= budget)
-    values = {(seg.peak(c), seg.flops(c)) for c in plans if seg.flops(c) <= budget}
+                                                  if seg.cost(c) <= budget)
+    values = {(seg.peak(c), seg.cost(c)) for c in plans if seg.cost(c) <= budget}
     pareto = {v for v in values if not any(w[0] <= v[0] and w[1] <= v[1] and w != v
                                            for w in values)}
-    assert {(seg.peak(c), seg.flops(c)) for c in pareto_front(fwd, req)} == pareto
-    stopped = search_optimal(fwd, req, lambda ck: (seg.flops(ck), seg.peak(ck)), deadline_s=0)
+    assert {(seg.peak(c), seg.cost(c)) for c in pareto_front(fwd, req)} == pareto
+    stopped = search_optimal(fwd, req, lambda ck: (seg.cost(ck), seg.peak(ck)), deadline_s=0)
     assert stopped.stopped and stopped.judged >= 1  # no checkpoints is always judged

@@ -121,9 +121,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
             budget_bytes=budget_bytes,
             tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
                                                                  known_shapes).items()},
-            node_flops={name: f for name, _, f, _ in costs},
+            node_cost={name: f for name, _, f, _ in costs},
             predict_peak=predict_peak if predict_model_peak else None,
-            max_extra_flops=(None if time_ratio is None
+            max_extra_cost=(None if time_ratio is None
                              else int((time_ratio - 1.0) * step_flops)))
     if planner == "optimal":
         return finish(*_optimal(fwd, req, write, count, predict_peak if predict_model_peak
@@ -191,7 +191,7 @@ OPTIMAL_ROUNDS = 4  # plans the segment model's optimum tries before it settles 
 def _withincounted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
                           count) -> tuple[RecomputePlan, int]:
     """The segment model's optimal plan whose recompute copies, counted by `count` on the
-    graph as it will ship, stay within req.max_extra_flops, and their FLOPs. The segment
+    graph as it will ship, stay within req.max_extra_cost, and their FLOPs. The segment
     model counts the nodes a segment's saved tensors need; the rewrite can copy more (e.g.
     what a BatchNorm's gradient reads), so a plan over budget is planned again with the
     model's budget scaled by how far it undercounted, for up to OPTIMAL_ROUNDS plans; then
@@ -199,12 +199,12 @@ def _withincounted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, wr
     model_req = req
     for _ in range(OPTIMAL_ROUNDS):
         extra = count(write(plan.checkpoints)[1])[1]
-        if extra <= req.max_extra_flops:
+        if extra <= req.max_extra_cost:
             return plan, extra
-        modelled = SegmentModel(fwd, model_req).flops(plan.checkpoints)
-        model_req = dataclasses.replace(model_req, max_extra_flops=int(
-            model_req.max_extra_flops * modelled / max(1, extra)) - 1)
-        if model_req.max_extra_flops < 0:
+        modelled = SegmentModel(fwd, model_req).cost(plan.checkpoints)
+        model_req = dataclasses.replace(model_req, max_extra_cost=int(
+            model_req.max_extra_cost * modelled / max(1, extra)) - 1)
+        if model_req.max_extra_cost < 0:
             break
         plan = plan_forward(fwd, "optimal", model_req)
     return plan_forward(fwd, "none", req), 0

@@ -65,13 +65,13 @@ class Search:
 def search_optimal(fwd: Forward, req: PlanRequest,
                    judge: Callable[[tuple[str, ...]], tuple[int, int | None]],
                    deadline_s: float = OPTIMAL_SEARCH_S) -> Search:
-    """The plan of lowest predicted peak whose counted FLOPs stay within req.max_extra_flops.
+    """The plan of lowest predicted peak whose counted FLOPs stay within req.max_extra_cost.
 
     judge(checkpoints) -> (the copies' FLOPs as shipped, the predicted peak bytes or None
     when the predictor cannot predict it). Raises ValueError when it cannot predict the
     graph without checkpoints (nothing to compare against)."""
     model = SegmentModel(fwd, req)
-    budget = req.max_extra_flops
+    budget = req.max_extra_cost
     start = time.monotonic()
     seen: dict[tuple[str, ...], Judged | None] = {}
     judged = 0
@@ -81,7 +81,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
         if ck in seen:
             return seen[ck]
         seen[ck] = None
-        if model.flops(ck) > budget:
+        if model.cost(ck) > budget:
             return None
         nonlocal judged
         extra, peak = judge(ck)
@@ -120,16 +120,16 @@ def search_optimal(fwd: Forward, req: PlanRequest,
 
 def pareto_front(fwd: Forward, req: PlanRequest, model: SegmentModel | None = None
                  ) -> list[tuple[str, ...]]:
-    """One plan for each (model peak, FLOPs) pair no other plan within req.max_extra_flops
+    """One plan for each (model peak, FLOPs) pair no other plan within req.max_extra_cost
     beats in both, lowest peak first. `model`: the segment model of fwd and req, if made."""
-    out, budget = [], req.max_extra_flops
+    out, budget = [], req.max_extra_cost
     if not fwd.cuts:
         return [()] if budget is not None and budget >= 0 else []
     model = model or SegmentModel(fwd, req)
     while budget is not None and budget >= 0:
         ck = lowest_peak_within(model, budget)
         out.append(ck)
-        budget = model.flops(ck) - 1
+        budget = model.cost(ck) - 1
     return out
 
 

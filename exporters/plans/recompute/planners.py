@@ -26,11 +26,13 @@ class PlanRequest:
 
     budget_bytes: int | None = None  # the device's whole training peak must fit in this
     tensor_bytes: Mapping[str, int] = field(default_factory=dict)  # at the planned batch
-    node_flops: Mapping[str, int] = field(default_factory=dict)  # forward node name -> FLOPs
+    # forward node name -> the cost of running it again: FLOPs (sqrt, budget), or the
+    # predicted nanoseconds of the step-time model (optimal, whose budget is a time ratio)
+    node_cost: Mapping[str, int] = field(default_factory=dict)
     # checkpoints -> predicted peak bytes of the step with that plan written in (the static
     # predictor on the rewritten graph); the budget planner checks its answer with it
     predict_peak: Callable[[tuple[str, ...]], int] | None = None
-    max_extra_flops: int | None = None  # the optimal planner's budget of recomputed FLOPs
+    max_extra_cost: int | None = None  # the optimal planner's budget of node_cost
 
 
 def plan_none(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
@@ -97,7 +99,7 @@ def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
                 fitting.append(ck)
             else:
                 hi = mid
-        return min(fitting, key=lambda ck: (model.flops(ck), predicted[ck]))
+        return min(fitting, key=lambda ck: (model.cost(ck), predicted[ck]))
     greedy = _greedy_cuts(fwd, fits, predicted, model.flops)
     if greedy is not None:
         return greedy
@@ -112,30 +114,30 @@ def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
 
 def plan_optimal(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
     """The plan with the lowest segment-model peak whose recomputed FLOPs are at most
-    req.max_extra_flops (fewest FLOPs among plans of that peak). Exact on the model: its
+    req.max_extra_cost (fewest FLOPs among plans of that peak). Exact on the model: its
     cheapest plan within a byte limit L (SegmentModel.cheapest_within, dynamic programming
     over every subset of cut points) costs fewer FLOPs the larger L is, so the smallest L whose
     cheapest plan fits the FLOP budget, found by bisection over whole bytes, is the optimum."""
-    if req.max_extra_flops is None or not req.tensor_bytes:
+    if req.max_extra_cost is None or not req.tensor_bytes:
         raise ValueError("the optimal planner needs tensor sizes and a FLOP budget (the "
                          "export's recompute_time_ratio)")
     if len(fwd.cuts) < 1:
         return ()
-    return lowest_peak_within(SegmentModel(fwd, req), req.max_extra_flops)
+    return lowest_peak_within(SegmentModel(fwd, req), req.max_extra_cost)
 
 
-def lowest_peak_within(model: SegmentModel, max_extra_flops: int) -> tuple[str, ...]:
+def lowest_peak_within(model: SegmentModel, max_extra_cost: int) -> tuple[str, ...]:
     """plan_optimal on a segment model already made (its segment costs cached): the lowest
-    model peak within max_extra_flops, fewest FLOPs among equals."""
+    model peak within max_extra_cost, fewest FLOPs among equals."""
     lo, hi = model.peak(model.lowest_peak()), model.peak(())
     best = model.cheapest_within(lo)
-    if best is not None and model.flops(best) <= max_extra_flops:
+    if best is not None and model.cost(best) <= max_extra_cost:
         return best
     best = ()  # keeping every tensor: the peak hi at no extra FLOPs
     while hi - lo > 1:  # the plan at hi fits the FLOP budget, none at lo does
         mid = (lo + hi) // 2
         ck = model.cheapest_within(mid)
-        if ck is not None and model.flops(ck) <= max_extra_flops:
+        if ck is not None and model.cost(ck) <= max_extra_cost:
             hi, best = mid, ck
         else:
             lo = mid

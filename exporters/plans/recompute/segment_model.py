@@ -1,4 +1,4 @@
-"""The segment model: activation bytes and recompute FLOPs of a checkpoint plan, and an exact
+"""The segment model: activation bytes and recompute cost of a checkpoint plan, and an exact
 search over all plans by dynamic programming (used by the budget planner)."""
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ if TYPE_CHECKING:  # planners.py imports this module
 
 
 class SegmentModel:
-    """Activation bytes and recompute FLOPs of a plan, segment by segment.
+    """Activation bytes and recompute cost of a plan, segment by segment.
 
     With checkpoints c_1 < ... < c_k the forward nodes split into segments S_0..S_k. Backward
     runs through S_k, then rebuilds and runs through S_{k-1}, and so on. While backward is in
     S_j, alive are: the checkpoints before S_j (P_j), the saved tensors of S_j (R_j, rebuilt
     if j < k) and the gradient working set (G_j: twice the largest tensor of S_j). The
-    model's peak is max_j P_j + R_j + G_j; a plan costs the FLOPs of the nodes its copies
-    repeat. Exact search over all 2^n subsets of the n cut points by dynamic programming:
-    after each checkpoint only (P, FLOPs so far) matters, and a state no better in both is
+    model's peak is max_j P_j + R_j + G_j; a plan costs the node_cost (FLOPs or predicted
+    time) of the nodes its copies repeat. Exact search over all 2^n subsets of the n cut
+    points by dynamic programming: after each checkpoint only (P, cost so far) matters, and a state no better in both is
     dropped."""
 
     def __init__(self, fwd: Forward, req: PlanRequest):
@@ -35,7 +35,7 @@ class SegmentModel:
         for b in saved:
             self._saved_prefix.append(self._saved_prefix[-1] + b)
         self._largest = [max([size.get(o, 0) for o in n.output if o] + [0]) for n in nodes]
-        self._flops = [req.node_flops.get(n.name, 0) for n in nodes]
+        self._node_cost = [req.node_cost.get(n.name, 0) for n in nodes]
         self._cost: dict[tuple[int, int], int] = {}
 
     def _bounds(self, a: int, b: int | None) -> tuple[int, int]:
@@ -50,15 +50,15 @@ class SegmentModel:
         return (self._saved_prefix[hi] - self._saved_prefix[lo]
                 + 2 * max(self._largest[lo:hi], default=0))
 
-    def segment_flops(self, a: int, b: int) -> int:
-        """FLOPs of the copies that rebuild segment (a, b]'s saved tensors."""
+    def segment_cost(self, a: int, b: int) -> int:
+        """The cost of the copies that rebuild segment (a, b]'s saved tensors."""
         if (a, b) not in self._cost:
             lo, hi = self._bounds(a, b)
             seg = list(self.fwd.nodes[lo:hi])
             out = self.fwd.cuts[b]
             targets = [o for n in seg for o in n.output if o in self.fwd.saved and o != out]
             needed = {n.name for n in ancestors(targets, seg)}
-            self._cost[(a, b)] = sum(self._flops[lo + k] for k, n in enumerate(seg)
+            self._cost[(a, b)] = sum(self._node_cost[lo + k] for k, n in enumerate(seg)
                                      if n.name in needed)
         return self._cost[(a, b)]
 
@@ -75,14 +75,14 @@ class SegmentModel:
                 a = b
         return peak
 
-    def flops(self, checkpoints: tuple[str, ...]) -> int:
+    def cost(self, checkpoints: tuple[str, ...]) -> int:
         chosen = self._index(checkpoints)
-        return sum(self.segment_flops(a, b) for a, b in zip([-1] + chosen, chosen))
+        return sum(self.segment_cost(a, b) for a, b in zip([-1] + chosen, chosen))
 
     def cheapest_within(self, peak_bytes: int) -> tuple[str, ...] | None:
-        """The fewest-FLOPs plan whose model peak is at most peak_bytes (None: none is)."""
-        return self._search(peak_bytes, lambda flops, a, b, _: flops + (
-            self.segment_flops(a, b) if b is not None else 0))
+        """The cheapest plan whose model peak is at most peak_bytes (None: none is)."""
+        return self._search(peak_bytes, lambda cost, a, b, _: cost + (
+            self.segment_cost(a, b) if b is not None else 0))
 
     def lowest_peak(self) -> tuple[str, ...]:
         """The plan with the smallest model peak (fewest checkpoints among equals)."""

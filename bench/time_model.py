@@ -7,10 +7,10 @@ For each network of bench/recompute.py but ResNet-50 (its optimal export alone t
 the fit has ResNet-50's operators from the MobileNets), export at micro-batch 8 with recompute
 `none`, `sqrt` and `optimal` and run RUNS training steps (after WARMUP) with ORT's profiler on,
 in a torch-free child with the plan's threads. Each profiled node gives (op, FLOPs, bytes,
-kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. The same
-steps are then timed without the profiler (whose own time falls between kernels): the
-executor's time per node is that median step less the profiled kernels', over its nodes. The fit
-on every network is written to exporters/predictor/time_model.json (the model the exporter
+kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. Steps
+are then timed without the profiler (whose own time falls between kernels), at least 0.5 s
+of them, in a child of their own: the executor's time per node is their median less the
+profiled kernels', over the nodes. The fit on every network is written to exporters/predictor/time_model.json (the model the exporter
 plans with). Held out: each network's step times and plan-to-none ratios are predicted by a
 fit on the other networks' profiles alone, beside the measured ones and the FLOP ratio.
 """
@@ -40,12 +40,13 @@ import json, sys, time
 import numpy as np
 from edgetrain.ort_device import onnxruntime, training_api
 from edgetrain.sessions import session_options
-art, prefix = sys.argv[1:3]
+art, prefix, steps, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 api, ort = training_api(), onnxruntime()
 man = json.load(open(art + "/manifest.json"))
 so = session_options(ort, man["plan"]["threads"])
-so.enable_profiling = True
-so.profile_file_prefix = prefix
+if prefix != "-":  # profile; else time the steps (one session a process: ORT's idle threads
+    so.enable_profiling = True  # spin, and two sessions' would slow each other)
+    so.profile_file_prefix = prefix
 state = api.CheckpointState.load_checkpoint(art + "/checkpoint")
 module = api.Module(art + "/training_model.onnx", state, art + "/eval_model.onnx",
                     session_options=so)
@@ -53,18 +54,12 @@ b = man["plan"]["micro_batch"]
 x = np.random.default_rng(0).standard_normal((b, *man["input"]["sample_shape"]), np.float32)
 y = np.zeros(b, np.int64)
 module.train()
-for _ in range(int(sys.argv[3])):
-    module(x, y)
-del module  # then the same steps unprofiled: the profiler's own time is between the kernels
-plain = api.Module(art + "/training_model.onnx", state, art + "/eval_model.onnx",
-                   session_options=session_options(ort, man["plan"]["threads"]))
-plain.train()
 times = []
-while len(times) < int(sys.argv[3]) or sum(times[int(sys.argv[4]):]) < 0.5:
+while len(times) < steps or prefix == "-" and sum(times[warmup:]) < 0.5:
     t0 = time.perf_counter()
-    plain(x, y)
+    module(x, y)
     times.append(time.perf_counter() - t0)
-print(json.dumps(times[int(sys.argv[4]):]))
+print(json.dumps(times[warmup:]))
 """
 
 
@@ -72,14 +67,17 @@ def profile(art: Path, tmp: Path) -> tuple[list[dict], list[float]]:
     """ORT's profile events of WARMUP + RUNS training steps of artifact `art`, and the
     seconds of RUNS unprofiled steps (after WARMUP)."""
     prefix = tmp / f"{art.name}-profile"
-    p = subprocess.run([sys.executable, "-c", PROFILER, str(art), str(prefix),
-                        str(WARMUP + RUNS), str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
+    out = []
+    for mode in (str(prefix), "-"):  # profiled, then timed in a process of its own
+        p = subprocess.run([sys.executable, "-c", PROFILER, str(art), mode, str(WARMUP + RUNS),
+                            str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
+        if p.returncode != 0:
+            raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
+        out.append(json.loads(p.stdout.strip().splitlines()[-1]))
     path = next(tmp.glob(f"{prefix.name}*.json"))
     events = json.loads(path.read_text())
     path.unlink()
-    return events, json.loads(p.stdout.strip().splitlines()[-1])
+    return events, out[1]
 
 
 def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:

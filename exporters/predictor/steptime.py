@@ -95,9 +95,11 @@ def _nonneg_lstsq(a: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def _fit_op(rows: list[tuple[int, int, float]]) -> OpTime:
-    a = np.array([[1.0, f, b] for f, b, _ in rows])
-    t = np.array([s for _, _, s in rows])
-    base, per_flop, per_byte = (float(v) for v in _nonneg_lstsq(a, t))
+    """Least squares in relative error (each row divided by its time), so that the many
+    small nodes weigh as much as the few large ones."""
+    t = np.array([max(s, 1e-9) for _, _, s in rows])
+    a = np.array([[1.0, f, b] for f, b, _ in rows]) / t[:, None]
+    base, per_flop, per_byte = (float(v) for v in _nonneg_lstsq(a, np.ones(len(rows))))
     return OpTime(base, per_flop, per_byte)
 
 
@@ -105,7 +107,7 @@ def fit_time_model(samples: Iterable[tuple[str, int, int, float]], overhead_s: f
                    fitted_on: Mapping[str, object] | None = None) -> TimeModel:
     """The model of samples (op, FLOPs, bytes, kernel seconds), one per profiled node, with
     `overhead_s` per node outside kernels (measured: a step's time less its kernels', per
-    node). Least squares in seconds with nonnegative terms, per operator with at least
+    node). Least squares in relative error with nonnegative terms, per operator with at least
     MIN_OP_SAMPLES nodes, the default over every node."""
     by_op: dict[str, list[tuple[int, int, float]]] = {}
     for op, f, b, s in samples:

@@ -5,15 +5,18 @@
 
 For each network of bench/recompute.py but ResNet-50 (its optimal export alone takes minutes;
 the fit has ResNet-50's operators from the MobileNets), export at micro-batch 8 with recompute
-`none`, `sqrt` and `optimal` and run RUNS training steps (after WARMUP) with ORT's profiler on,
-in a torch-free child with the plan's threads. Each profiled node gives (op, FLOPs, bytes,
-kernel seconds); FLOPs and bytes by cost.node_costs on the shipped training graph. Steps
-are then timed without the profiler, at least 0.5 s of them, in a child of their own. The
-profiler slows kernels as well as the executor, so where the profiled kernels add up to more
-than the median unprofiled step they are scaled down to it; where less, the executor's time
-per node is the difference over the nodes. The fit on every network is written to exporters/predictor/time_model.json (the model the exporter
-plans with). Held out: each network's step times and plan-to-none ratios are predicted by a
-fit on the other networks' profiles alone, beside the measured ones and the FLOP ratio.
+`none`, `sqrt` and `optimal` (as the exporter at this commit plans them) and run RUNS training
+steps (after WARMUP) with ORT's profiler on, in a torch-free child with the plan's threads.
+Each profiled node gives (op, FLOPs, bytes, kernel seconds); FLOPs and bytes by
+cost.node_costs on the shipped training graph. Steps are also timed without the profiler, at
+least 0.5 s of them in a child of their own, in ROUNDS rounds alternating between the
+network's plans (a plan's step: the median of the rounds' medians). The profiler slows
+kernels as well as the executor, so where the profiled kernels add up to more than the
+unprofiled step they are scaled down to it; where less, the executor's time per node is the
+difference over the nodes. The fit on every network is written to
+exporters/predictor/time_model.json (the model the exporter plans with). Held out: each
+network's step times and plan-to-none ratios are predicted by a fit on the other networks'
+profiles alone, beside the measured ones and the FLOP ratio.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from exporters.predictor.steptime import TIME_MODEL_FILE, fit_time_model
 NETWORKS = ["imu_cnn", "imu_transformer", "tcn_probe", "encoder_probe", "mobilenet_v1",
             "patch_mobilenet"]
 WARMUP, RUNS = 3, 12
+ROUNDS = 3  # alternating timings of a network's plans; a plan's step is their median
 PROFILES = ROOT / ".cache" / "time_model_profiles.json"  # the last run's per-node rows
 
 PROFILER = """
@@ -65,21 +69,24 @@ print(json.dumps(times[warmup:]))
 """
 
 
-def profile(art: Path, tmp: Path) -> tuple[list[dict], list[float]]:
-    """ORT's profile events of WARMUP + RUNS training steps of artifact `art`, and the
-    seconds of RUNS unprofiled steps (after WARMUP)."""
+def child(art: Path, mode: str) -> list[float]:
+    """Run PROFILER on artifact `art` (mode: a profile file prefix, or "-" to time unprofiled
+    steps); the seconds of its steps after WARMUP."""
+    p = subprocess.run([sys.executable, "-c", PROFILER, str(art), mode, str(WARMUP + RUNS),
+                        str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def profile(art: Path, tmp: Path) -> list[dict]:
+    """ORT's profile events of WARMUP + RUNS training steps of artifact `art`."""
     prefix = tmp / f"{art.name}-profile"
-    out = []
-    for mode in (str(prefix), "-"):  # profiled, then timed in a process of its own
-        p = subprocess.run([sys.executable, "-c", PROFILER, str(art), mode, str(WARMUP + RUNS),
-                            str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
-        if p.returncode != 0:
-            raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
-        out.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    child(art, str(prefix))
     path = next(tmp.glob(f"{prefix.name}*.json"))
     events = json.loads(path.read_text())
     path.unlink()
-    return events, out[1]
+    return events
 
 
 def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
@@ -101,14 +108,18 @@ def steps_of(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
 def network_rows(tmp: Path, net: str) -> list[dict]:
     """One row per plan: the step's unprofiled seconds, its nodes' (op, FLOPs, bytes, median
     kernel seconds), the executor's seconds per node and the plan's counted FLOPs."""
-    rows = []
-    for plan in FIXED_PLANS:
-        art = tmp / f"{net}-{plan}"
+    arts = {plan: tmp / f"{net}-{plan}" for plan in FIXED_PLANS}
+    for plan, art in arts.items():
         export(art, net, plan)
-        events, plain_s = profile(art, tmp)
-        steps = steps_of(events)
+    plain: dict[str, list[float]] = {plan: [] for plan in arts}
+    for _ in range(ROUNDS):  # alternating, so drifts in machine load hit every plan alike
+        for plan, art in arts.items():
+            plain[plan].append(statistics.median(child(art, "-")))
+    rows = []
+    for plan, art in arts.items():
+        steps = steps_of(profile(art, tmp))
         costs = node_costs(onnx.load(str(art / FILES[TRAINING_MODEL])), BATCH)
-        step_s = statistics.median(plain_s)
+        step_s = statistics.median(plain[plan])
         kernel_s = statistics.median(sum(k.values()) for _, k in steps)
         # the profiler slows kernels too (it gathers each parallel kernel's thread stats):
         # where its kernels add up to more than the unprofiled step, they are scaled to it

@@ -70,8 +70,9 @@ def record_measured_peak(out, m):
               "training graph; budget: the cheapest plan predicted to fit --budget or --device; "
               "optimal: the lowest peak within --recompute-time.")
 @click.option("--recompute-time", type=click.FloatRange(min=1.0), default=None,
-              help="For --recompute optimal: the step may cost at most this many times the "
-              "FLOPs of the step without recompute (default 1.3; FLOPs stand in for time).")
+              help="For --recompute optimal: the step may take at most this many times the "
+              "time of the step without recompute, as the step-time model predicts it "
+              "(default 1.3).")
 @device_option("Budget from a device profile.")
 @budget_option("Byte budget for --recompute budget, e.g. 64MiB.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=1.0,

@@ -24,9 +24,9 @@ class ExportOptions:
     (exporters/plans/updateplans.py: all, head, bias, last:K, names, or "auto": the plan that
     fits update_budget_bytes and helps most, exporters/plans/updatesearch.py).
     freeze_batchnorm: BatchNorm as a fixed affine map. recompute: none, sqrt, budget
-    (planned for recompute_budget_bytes) or optimal (the lowest peak whose step is at most
-    recompute_time_ratio times the FLOPs of the step without recompute). density, mask_allocation, mask_init, mask_seed:
-    sparse masks (exporters/plans/sparse.py). int8_frozen: frozen weights in 8 bits.
+    (planned for recompute_budget_bytes) or optimal (the lowest peak whose step is predicted
+    at most recompute_time_ratio times the step without recompute: steptime.py). density,
+    mask_allocation, mask_init, mask_seed: sparse masks (exporters/plans/sparse.py). int8_frozen: frozen weights in 8 bits.
     target: portable (default), arm64 or host (edgetrain/targets.py); nchwc: this machine's
     NCHWc kernels (host only). sign_key: an Ed25519 private key file (edgetrain/signing.py).
     masking_check: export_named measures what masking a trained model costs (host, torch)."""
@@ -38,7 +38,7 @@ class ExportOptions:
     freeze_batchnorm: bool = False
     recompute: str = "none"
     recompute_budget_bytes: int | None = None
-    recompute_time_ratio: float = 1.3  # the optimal planner's step budget (x the step's FLOPs)
+    recompute_time_ratio: float = 1.3  # optimal's budget: x the step's predicted time
     density: float = 1.0
     mask_allocation: str = "erk"
     mask_init: str = "magnitude"

@@ -15,7 +15,8 @@ import dataclasses
 from edgetrain import names
 from edgetrain.names import FILES
 from exporters.passes.pipeline import Context, Graphs, Pass
-from exporters.plans.recompute import counted_flops, plan_and_rewrite
+from exporters.plans.recompute import plan_and_rewrite
+from exporters.predictor.cost import node_costs
 from exporters.predictor import Prediction
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
@@ -66,14 +67,14 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
                   else dataclasses.replace(graphs, training=training))
         return judged_peak(ctx.predict(judged), strict=planner == "budget")
 
-    def flops_of(training):  # (step FLOPs without the copies, the copies'), as shipped
-        return counted_flops(as_shipped(training).training, plan.micro_batch)
+    def costs_of(training):  # node_costs' rows of the training graph as shipped
+        return node_costs(as_shipped(training).training, plan.micro_batch)
 
     rplan, graphs.training = plan_and_rewrite(
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,
         predict_model_peak=peak_of, known_shapes=known,
         min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads,
-        time_ratio=plan.recompute_time_ratio, count_flops=flops_of)
+        time_ratio=plan.recompute_time_ratio, shipped_costs=costs_of)
     ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                    recomputed=rplan.recomputed, recompute_note=rplan.note)
     return len(rplan.recomputed)

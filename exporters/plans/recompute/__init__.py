@@ -11,6 +11,7 @@ forward pass no longer needs them.
   analysis.py       the forward graph, cut points, segments
   planners.py       PLANNERS: none, sqrt, budget, optimal (on the segment model)
   optimal.py        the optimal planner's search, judged by the static predictor
+  counting.py       FLOPs and predicted time a plan adds (the optimal planner's budget)
   segment_model.py  bytes and FLOPs of a plan; exact search for the budget planner
   rewrite.py        the plan written into the graph
   remat.py          computed weights (masked, BatchNorm-folded) rebuilt in backward
@@ -24,20 +25,22 @@ from typing import Callable
 
 import onnx
 
-from exporters.predictor.cost import node_costs, recompute_flops
+from exporters.predictor.cost import node_costs
+from exporters.predictor.steptime import TimeModel, host_time_model
 from exporters.graph import without_identities
 from exporters.predictor.shapes import Shapes, nbytes, tensor_shapes
 from exporters.plans.recompute.analysis import (Forward, RecomputePlan, analyse,
                                                 recomputed_tensors, segments)
 from exporters.plans.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak,
                                                 headroom_bytes, make_plan, plan_forward)
-from exporters.plans.recompute.optimal import OPTIMAL_SEARCH_S, search_optimal
+from exporters.plans.recompute.counting import count_step
+from exporters.plans.recompute.optimal import TimeBudget, plan_within_time
 from exporters.plans.recompute.remat import rematerialize_weights
 from exporters.plans.recompute.rewrite import apply
 from exporters.plans.recompute.segment_model import SegmentModel
 
 __all__ = ["PLANNERS", "Forward", "PlanRequest", "RecomputePlan", "SegmentModel", "analyse",
-           "apply", "budget_for_peak", "counted_flops", "headroom_bytes", "make_plan",
+           "apply", "budget_for_peak", "headroom_bytes", "make_plan",
            "plan_and_rewrite", "plan_forward", "recomputed_tensors",
            "rematerialize_weights", "segments"]
 
@@ -47,7 +50,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                      predict_model_peak: Callable[[onnx.ModelProto], int | None] | None = None,
                      known_shapes: Shapes | None = None,
                      min_saving_bytes: int = 0, time_ratio: float | None = None,
-                     count_flops: Callable[[onnx.ModelProto], tuple[int, int]] | None = None
+                     shipped_costs: Callable[[onnx.ModelProto], list] | None = None,
+                     time_model: TimeModel | None = None
                      ) -> tuple[RecomputePlan, onnx.ModelProto]:
     """Plan recompute for the training graph `original`; returns the plan and the graph with
     it written in (`original` itself when the plan rewrites nothing; never changed).
@@ -58,10 +62,10 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     cannot predict it (the budget planner checks its candidates by it; the sqrt planner keeps
     no checkpoints when they do not lower it by at least min_saving_bytes). known_shapes:
     tensor shapes found by evaluating the forward graph. time_ratio: the optimal planner's
-    budget, the step's FLOPs with the plan at most this many times those without it (FLOPs
-    stand in for time: a prediction; `edgetrain measure` times the step). count_flops(graph):
-    (the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph as it
-    will ship (default: counted on the graph as given)."""
+    budget, the step's predicted time with the plan at most this many times its time without
+    (time_model's prediction, default the host's fitted model: `edgetrain measure` times the
+    step). shipped_costs(graph): cost.node_costs' rows of a training graph as it will ship
+    (default: of the graph as given)."""
     model, renamed = without_identities(original)
     fwd = analyse(model)
 
@@ -112,23 +116,22 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         return dataclasses.replace(plan, note=note), graph
 
     req = PlanRequest(budget_bytes=budget_bytes)
-    count = count_flops or (lambda graph: counted_flops(graph, batch))
-    step_flops = 0
+    costs = node_costs(model, batch) if planner != "none" else []
     if planner != "none":
-        costs = node_costs(model, batch)
-        step_flops = count(write(())[1])[0] if planner == "optimal" else 0
         req = PlanRequest(
             budget_bytes=budget_bytes,
             tensor_bytes={t: nbytes(s) for t, s in tensor_shapes(model, batch,
                                                                  known_shapes).items()},
             node_cost={name: f for name, _, f, _ in costs},
-            predict_peak=predict_peak if predict_model_peak else None,
-            max_extra_cost=(None if time_ratio is None
-                             else int((time_ratio - 1.0) * step_flops)))
+            predict_peak=predict_peak if predict_model_peak else None)
     if planner == "optimal":
-        return finish(*_optimal(fwd, req, write, count, predict_peak if predict_model_peak
-                                else None, predict_lowest, time_ratio, step_flops,
-                                min_saving_bytes))
+        timing = time_model or host_time_model()
+        counted = shipped_costs or (lambda graph: node_costs(graph, batch))
+        return finish(*plan_within_time(
+            fwd, req, TimeBudget(time_ratio, timing,
+                                 lambda ck: count_step(counted(write(ck)[1]), timing)),
+            predict_peak if predict_model_peak else None, predict_lowest,
+            min_saving_bytes, costs))
     plan = plan_forward(fwd, planner, req)
     if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_lowest(plan.checkpoints), predict_peak((), True)
@@ -143,75 +146,3 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                 f"bytes) is not at least {min_saving_bytes:,} bytes below keeping every "
                 f"tensor ({without:,} bytes)"))
     return finish(plan.checkpoints)
-
-
-def _optimal(fwd: Forward, req: PlanRequest, write, count, predict_peak, predict_lowest,
-             time_ratio: float, step_flops: int, min_saving_bytes: int
-             ) -> tuple[tuple[str, ...], str]:
-    """The optimal plan's checkpoints and note: searched by the predictor (optimal.py), or,
-    where it cannot predict the graph, the segment model's optimum within the budget."""
-    budget = f"{time_ratio:g}x the step's FLOPs"
-    if predict_peak is not None and fwd.cuts:
-        try:
-            found = search_optimal(fwd, req, lambda ck: (count(write(ck)[1])[1],
-                                                         predict_peak(ck)))
-        except ValueError:
-            found = None
-        if found is not None:
-            best, none_peak = found.best, predict_lowest(())
-            best_peak = predict_lowest(best.checkpoints)
-            stopped = (f"; the search stopped after {found.judged} plans at its "
-                       f"{OPTIMAL_SEARCH_S:g} s bound" if found.stopped else "")
-            added = best.extra_flops / max(1, step_flops)
-            if (best.checkpoints and None not in (none_peak, best_peak)
-                    and none_peak - best_peak >= min_saving_bytes):
-                return best.checkpoints, (
-                    f"the lowest predicted step peak of {found.judged} plans within {budget}: "
-                    f"{best_peak:,} bytes, +{added:.1%} FLOPs recomputed (counted on the "
-                    f"graph as it ships){stopped}")
-            kept = "" if none_peak is None else f" ({none_peak:,} bytes)"
-            return (), (f"no checkpoints: none of the {found.judged} plans judged within "
-                        f"{budget} is predicted at least {min_saving_bytes:,} bytes below "
-                        f"keeping every tensor{kept}{stopped}")
-    plan = plan_forward(fwd, "optimal", req)
-    plan, extra = _withincounted_flops(fwd, req, plan, write, count)
-    why = ("the predictor cannot predict this graph's peak, so " if predict_peak is not None
-           else "")
-    return plan.checkpoints, (
-        f"{why}the lowest peak of the segment model within {budget}: "
-        f"+{extra / max(1, step_flops):.1%} FLOPs recomputed (counted on the graph as it "
-        "ships)" if plan.checkpoints else
-        f"no checkpoints: {why}no plan that lowers the segment model's peak keeps the step "
-        f"within {budget}")
-
-
-OPTIMAL_ROUNDS = 4  # plans the segment model's optimum tries before it settles for a cheaper one
-
-
-def _withincounted_flops(fwd: Forward, req: PlanRequest, plan: RecomputePlan, write,
-                          count) -> tuple[RecomputePlan, int]:
-    """The segment model's optimal plan whose recompute copies, counted by `count` on the
-    graph as it will ship, stay within req.max_extra_cost, and their FLOPs. The segment
-    model counts the nodes a segment's saved tensors need; the rewrite can copy more (e.g.
-    what a BatchNorm's gradient reads), so a plan over budget is planned again with the
-    model's budget scaled by how far it undercounted, for up to OPTIMAL_ROUNDS plans; then
-    no checkpoints (no extra FLOPs)."""
-    model_req = req
-    for _ in range(OPTIMAL_ROUNDS):
-        extra = count(write(plan.checkpoints)[1])[1]
-        if extra <= req.max_extra_cost:
-            return plan, extra
-        modelled = SegmentModel(fwd, model_req).cost(plan.checkpoints)
-        model_req = dataclasses.replace(model_req, max_extra_cost=int(
-            model_req.max_extra_cost * modelled / max(1, extra)) - 1)
-        if model_req.max_extra_cost < 0:
-            break
-        plan = plan_forward(fwd, "optimal", model_req)
-    return plan_forward(fwd, "none", req), 0
-
-
-def counted_flops(graph: onnx.ModelProto, batch: int) -> tuple[int, int]:
-    """(the step's FLOPs without recompute copies, the copies' FLOPs) of a training graph."""
-    costs = node_costs(graph, batch)
-    extra = recompute_flops(costs)
-    return sum(f for _, _, f, _ in costs) - extra, extra

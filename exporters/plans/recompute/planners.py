@@ -5,8 +5,8 @@
   budget: the fewest recomputed FLOPs whose predicted peak fits a byte budget (SegmentModel
           finds exact plans for a limit; the static predictor judges each on its rewritten
           graph)
-  optimal: the lowest segment-model peak whose recomputed FLOPs stay within a step budget
-          (exact over every subset of the cut points)
+  optimal: the lowest segment-model peak whose recompute cost (predicted time) stays within
+          a step budget (exact over every subset of the cut points)
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
             else:
                 hi = mid
         return min(fitting, key=lambda ck: (model.cost(ck), predicted[ck]))
-    greedy = _greedy_cuts(fwd, fits, predicted, model.flops)
+    greedy = _greedy_cuts(fwd, fits, predicted, model.cost)
     if greedy is not None:
         return greedy
     best = min(predicted, key=predicted.get)
@@ -113,14 +113,14 @@ def plan_budget(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
 
 
 def plan_optimal(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
-    """The plan with the lowest segment-model peak whose recomputed FLOPs are at most
-    req.max_extra_cost (fewest FLOPs among plans of that peak). Exact on the model: its
+    """The plan with the lowest segment-model peak whose recompute cost is at most
+    req.max_extra_cost (the cheapest among plans of that peak). Exact on the model: its
     cheapest plan within a byte limit L (SegmentModel.cheapest_within, dynamic programming
-    over every subset of cut points) costs fewer FLOPs the larger L is, so the smallest L whose
-    cheapest plan fits the FLOP budget, found by bisection over whole bytes, is the optimum."""
+    over every subset of cut points) costs less the larger L is, so the smallest L whose
+    cheapest plan fits the budget, found by bisection over whole bytes, is the optimum."""
     if req.max_extra_cost is None or not req.tensor_bytes:
-        raise ValueError("the optimal planner needs tensor sizes and a FLOP budget (the "
-                         "export's recompute_time_ratio)")
+        raise ValueError("the optimal planner needs tensor sizes and a budget of node cost "
+                         "(the export's recompute_time_ratio)")
     if len(fwd.cuts) < 1:
         return ()
     return lowest_peak_within(SegmentModel(fwd, req), req.max_extra_cost)
@@ -128,13 +128,13 @@ def plan_optimal(fwd: Forward, req: PlanRequest) -> tuple[str, ...]:
 
 def lowest_peak_within(model: SegmentModel, max_extra_cost: int) -> tuple[str, ...]:
     """plan_optimal on a segment model already made (its segment costs cached): the lowest
-    model peak within max_extra_cost, fewest FLOPs among equals."""
+    model peak within max_extra_cost, the cheapest among equals."""
     lo, hi = model.peak(model.lowest_peak()), model.peak(())
     best = model.cheapest_within(lo)
     if best is not None and model.cost(best) <= max_extra_cost:
         return best
-    best = ()  # keeping every tensor: the peak hi at no extra FLOPs
-    while hi - lo > 1:  # the plan at hi fits the FLOP budget, none at lo does
+    best = ()  # keeping every tensor: the peak hi at no extra cost
+    while hi - lo > 1:  # the plan at hi fits the budget, none at lo does
         mid = (lo + hi) // 2
         ck = model.cheapest_within(mid)
         if ck is not None and model.cost(ck) <= max_extra_cost:

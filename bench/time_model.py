@@ -14,7 +14,8 @@ network's plans (a plan's step: the median of the rounds' medians). The profiler
 kernels as well as the executor, so where the profiled kernels add up to more than the
 unprofiled step they are scaled down to it; where less, the executor's time per node is the
 difference over the nodes. The fit on every network is written to
-exporters/predictor/time_model.json (the model the exporter plans with). Held out: each
+exporters/predictor/time_model.json (the model the exporter plans with; --report writes it
+from the saved results). Held out: each
 network's step times and plan-to-none ratios are predicted by a fit on the other networks'
 profiles alone, beside the measured ones and the FLOP ratio.
 """
@@ -166,10 +167,7 @@ def measure() -> dict:
         rows = [r for net in NETWORKS for r in network_rows(Path(tmp), net)]
     PROFILES.parent.mkdir(exist_ok=True)
     PROFILES.write_text(json.dumps(rows))  # for refitting by hand; not a result
-    where = stamp()
-    model = fit(rows, {**where, "threads": 2, "micro_batch": BATCH, "networks": NETWORKS})
-    TIME_MODEL_FILE.write_text(json.dumps(model.to_dict(), indent=2) + "\n")
-    print(f"wrote {TIME_MODEL_FILE.relative_to(ROOT)}", flush=True)
+    model = fit(rows, {**stamp(), "threads": 2, "micro_batch": BATCH, "networks": NETWORKS})
     return {"held_out": held_out(rows), "model": model.to_dict()}
 
 
@@ -184,6 +182,12 @@ def table(result: dict) -> str:
 
 
 def report(result: dict) -> None:
+    """The table, and the fit written where the exporter reads it (after the results are
+    saved: the file is code, and the results' stamp is of the code they were measured at)."""
+    text = json.dumps(result["model"], indent=2) + "\n"
+    if not TIME_MODEL_FILE.is_file() or TIME_MODEL_FILE.read_text() != text:
+        TIME_MODEL_FILE.write_text(text)
+        print(f"wrote {TIME_MODEL_FILE.relative_to(ROOT)}", flush=True)
     replace_table(ROOT / "docs" / "recompute.md", table(result).splitlines(), name="time_model",
                   sources=["time_model"])
 

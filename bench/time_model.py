@@ -84,9 +84,12 @@ def profile(art: Path, tmp: Path) -> list[dict]:
     """ORT's profile events of WARMUP + RUNS training steps of artifact `art`."""
     prefix = tmp / f"{art.name}-profile"
     child(art, str(prefix))
-    path = next(tmp.glob(f"{prefix.name}*.json"))
-    events = json.loads(path.read_text())
-    path.unlink()
+    # the Module opens a training and an eval session with these options: two profiles,
+    # the training one the larger (the eval session runs nothing)
+    paths = sorted(tmp.glob(f"{prefix.name}*.json"), key=lambda q: q.stat().st_size)
+    events = json.loads(paths[-1].read_text())
+    for q in paths:
+        q.unlink()
     return events
 
 

@@ -137,3 +137,27 @@ def test_within_the_predictors_band_the_lower_model_peak_wins():
     assert robust_choice([a, c]) == a
     # equal predictions and model peaks: the cheaper plan
     assert robust_choice([a, Judged(("d",), 3, 1_000_000, 900_000)]).checkpoints == ("d",)
+
+
+def test_without_a_predictor_the_segment_models_optimum_keeps_within_the_predicted_time(
+        tmp_path):
+    """Where the predictor cannot judge, optimal is the segment model's optimum within the
+    time budget, its copies counted on the rewritten graph by the same step-time model; a
+    budget that allows no copies gives no checkpoints, and the note says why."""
+    from exporters.plans.recompute import plan_and_rewrite
+    from exporters.plans.recompute.counting import count_step
+    from exporters.predictor.cost import node_costs
+    from exporters.predictor.steptime import OpTime, TimeModel
+
+    export_artifact(chain(), torch.zeros(2, 3, 32, 32), tmp_path / "none", classes=list("abcd"),
+                    plan=Plan(micro_batch=4))
+    graph = onnx.load(str(tmp_path / "none" / "training_model.onnx"))
+    timing = TimeModel(2e-6, OpTime(1e-6, 1e-10, 0.0), {"Conv": OpTime(5e-6, 1e-10, 0.0)})
+    plan, rewritten = plan_and_rewrite(graph, "optimal", batch=4, time_ratio=1.3,
+                                       time_model=timing)
+    assert plan.checkpoints and "within 1.3x the step's predicted time" in plan.note
+    assert "lowest peak of the segment model" in plan.note
+    count = count_step(node_costs(rewritten, 4), timing)
+    assert count.extra_ns > 0 and count.time_ratio() <= 1.3
+    flat, same = plan_and_rewrite(graph, "optimal", batch=4, time_ratio=1.0, time_model=timing)
+    assert not flat.checkpoints and flat.note.startswith("no checkpoints") and same is graph

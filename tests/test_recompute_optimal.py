@@ -161,3 +161,21 @@ def test_without_a_predictor_the_segment_models_optimum_keeps_within_the_predict
     assert count.extra_ns > 0 and count.time_ratio() <= 1.3
     flat, same = plan_and_rewrite(graph, "optimal", batch=4, time_ratio=1.0, time_model=timing)
     assert not flat.checkpoints and flat.note.startswith("no checkpoints") and same is graph
+
+
+def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
+    """The plans of lowest predicted step peak, and sqrt's, are ranked again by the whole
+    cycle's predicted peak; without a cycle prediction the search's answer stands."""
+    from exporters.plans.recompute.optimal import FINALISTS, Search, finalists
+
+    ranked = tuple(Judged((f"c{k}",), k, 1000 + 100 * k, 500) for k in range(FINALISTS + 2))
+    sqrt_plan = ranked[-1].checkpoints  # ranked last by the step, but a finalist
+    search = Search(ranked[0], len(ranked), False, ranked)
+    cycle = {j.checkpoints: 5000 - 100 * k for k, j in enumerate(ranked)}
+    best, how = finalists(search, sqrt_plan, cycle.get)
+    assert best.checkpoints == sqrt_plan and best.predicted_peak_bytes == cycle[sqrt_plan]
+    assert "whole training cycle" in how
+    best, _ = finalists(search, ("nowhere",), cycle.get)  # sqrt's not judged: 4 finalists
+    assert best.checkpoints == ranked[FINALISTS - 1].checkpoints
+    assert finalists(search, sqrt_plan, None)[0] == ranked[0]
+    assert finalists(search, sqrt_plan, lambda ck: None)[0] == ranked[0]

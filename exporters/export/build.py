@@ -130,7 +130,10 @@ def build_artifact(out: Path, model: torch.nn.Module, example_input: torch.Tenso
                   planning_budget_bytes=planning_budget_bytes,
                   predictor=lambda folder: predict(folder, trainable_specs, frozen_specs,
                                                    plan.micro_batch, FILES, plan.threads,
-                                                   step_only=True))
+                                                   step_only=True),
+                  cycle_predictor=lambda folder: predict(folder, trainable_specs,
+                                                         frozen_specs, plan.micro_batch,
+                                                         FILES, plan.threads))
     graphs = Graphs(forward=fwd)
     changed = run_passes(FORWARD_PASSES, graphs, ctx)
     build_training_graphs(out, graphs.forward, trainable, frozen, artifacts)

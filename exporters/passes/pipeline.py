@@ -101,12 +101,14 @@ class Context:
     """What the passes read besides the graphs. `plan` is updated by the passes that plan
     (recompute, NCHWc); `remaining` is set by the runner to the passes after the current one.
     predictor(folder) -> the Prediction of the artifact in `folder` (its checkpoint and
-    optimizer graph are there)."""
+    optimizer graph are there): of the training step alone; cycle_predictor(folder): of the
+    whole training cycle, as the manifest's."""
     folder: Path
     plan: object  # edgetrain.manifest.Plan
     target: str
     nchwc: bool
     predictor: Callable[[Path], object] | None = None
+    cycle_predictor: Callable[[Path], object] | None = None
     options: object = None  # exporters.export.options.ExportOptions
     masks: tuple = ()  # MaskSpecs of the masked layers that train
     torch_model: object = None
@@ -121,6 +123,14 @@ class Context:
         """The static prediction for the training and eval graphs as they stand."""
         graphs.write(self.folder, side=False)
         return self.predictor(self.folder)
+
+    def predict_cycle(self, graphs: Graphs):
+        """The static prediction of the whole training cycle (the manifest's), or None
+        without a cycle predictor."""
+        if self.cycle_predictor is None:
+            return None
+        graphs.write(self.folder, side=False)
+        return self.cycle_predictor(self.folder)
 
     def predicted_peak(self, graphs: Graphs) -> int | None:
         """predict()'s peak bytes, None where the predictor makes no claim."""

@@ -67,6 +67,10 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
                   else dataclasses.replace(graphs, training=training))
         return judged_peak(ctx.predict(judged), strict=planner == "budget")
 
+    def cycle_peak_of(training):  # optimal's finalists: the whole cycle's peak, as shipped
+        p = ctx.predict_cycle(as_shipped(training))
+        return None if p is None else judged_peak(p, strict=False)
+
     def costs_of(training):  # node_costs' rows of the training graph as shipped
         return node_costs(as_shipped(training).training, plan.micro_batch)
 
@@ -74,7 +78,8 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
         graphs.training, planner, batch=plan.micro_batch, budget_bytes=ctx.planning_budget_bytes,
         predict_model_peak=peak_of, known_shapes=known,
         min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads,
-        time_ratio=plan.recompute_time_ratio, shipped_costs=costs_of)
+        time_ratio=plan.recompute_time_ratio, shipped_costs=costs_of,
+        predict_cycle_peak=cycle_peak_of if planner == "optimal" else None)
     ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
                                    recomputed=rplan.recomputed, recompute_note=rplan.note)
     return len(rplan.recomputed)

@@ -51,7 +51,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
                      known_shapes: Shapes | None = None,
                      min_saving_bytes: int = 0, time_ratio: float | None = None,
                      shipped_costs: Callable[[onnx.ModelProto], list] | None = None,
-                     time_model: TimeModel | None = None
+                     time_model: TimeModel | None = None,
+                     predict_cycle_peak: Callable[[onnx.ModelProto], int | None] | None = None
                      ) -> tuple[RecomputePlan, onnx.ModelProto]:
     """Plan recompute for the training graph `original`; returns the plan and the graph with
     it written in (`original` itself when the plan rewrites nothing; never changed).
@@ -65,7 +66,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
     budget, the step's predicted time with the plan at most this many times its time without
     (time_model's prediction, default the host's fitted model: `edgetrain measure` times the
     step). shipped_costs(graph): cost.node_costs' rows of a training graph as it will ship
-    (default: of the graph as given)."""
+    (default: of the graph as given). predict_cycle_peak(graph): the predicted peak of the
+    whole training cycle (the manifest's), by which the optimal planner ranks its finalists
+    (without it, by the step's)."""
     model, renamed = without_identities(original)
     fwd = analyse(model)
 
@@ -103,16 +106,19 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         both = (predict_peak(checkpoints), predict_peak(checkpoints, True))
         return None if None in both else min(both)
 
+    def masked_only(checkpoints: tuple[str, ...]) -> bool:
+        """Rebuild only the masked weights in backward, or every computed one: whichever the
+        predictor puts lower (only the masked ones without it: rebuilding costs a small
+        network more than it frees)."""
+        if predict_model_peak is None or planner == "none":
+            return True
+        full, only = predict_peak(checkpoints), predict_peak(checkpoints, True)
+        return full is None or only is not None and only <= full
+
     def finish(checkpoints: tuple[str, ...], note: str = ""
                ) -> tuple[RecomputePlan, onnx.ModelProto]:
-        """The plan written in, with every computed weight rebuilt in backward or only the
-        masked ones, whichever the predictor puts lower (only the masked ones without it:
-        rebuilding costs a small network more than it frees)."""
-        masked = True
-        if predict_model_peak is not None and planner != "none":
-            full, only = predict_peak(checkpoints), predict_peak(checkpoints, True)
-            masked = full is None or only is not None and only <= full
-        plan, graph = write(checkpoints, masked_only=masked)
+        """The plan written in, its computed weights rebuilt as masked_only says."""
+        plan, graph = write(checkpoints, masked_only=masked_only(checkpoints))
         return dataclasses.replace(plan, note=note), graph
 
     req = PlanRequest(budget_bytes=budget_bytes)
@@ -131,7 +137,9 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
             fwd, req, TimeBudget(time_ratio, timing,
                                  lambda ck: count_step(counted(write(ck)[1]), timing)),
             predict_peak if predict_model_peak else None, predict_lowest,
-            min_saving_bytes, costs))
+            min_saving_bytes, costs,
+            predict_cycle=(None if predict_cycle_peak is None else lambda ck: predict_cycle_peak(
+                write(ck, masked_only(ck))[1]))))
     plan = plan_forward(fwd, planner, req)
     if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_lowest(plan.checkpoints), predict_peak((), True)

@@ -16,10 +16,11 @@ the exact cheapest plan (a dynamic programme over every subset of cut points; no
 predicted nanoseconds): its front of (model peak, time) plans is where good plans are, and
 where the predictor looks:
   1. no checkpoints;
-  2. the model's Pareto front within the budget (pareto_front), lowest model peak first:
+  2. the sqrt planner's plan (`also`), so that a plan sqrt would ship is always weighed,
+     even when the deadline stops the search early;
+  3. the model's Pareto front within the budget (pareto_front), lowest model peak first:
      the model's optimum within the budget (plan_optimal), then the optimum within one
      nanosecond less than that plan costs, and so on down to no extra time;
-  3. the sqrt planner's plan (`also`), so that a plan sqrt would ship is always weighed;
   4. local moves from the best plan so far (neighbours): each of its checkpoints dropped or
      moved to the next cut either side, each other cut added, for as long as a round
      improves the lowest prediction.
@@ -71,6 +72,7 @@ class Search:
     best: Judged
     judged: int  # candidates the predictor judged
     stopped: bool  # the deadline ended the search before its candidates did
+    ranked: tuple[Judged, ...] = ()  # every plan judged within the budget, lowest rank first
 
 
 def search_optimal(fwd: Forward, req: PlanRequest,
@@ -81,7 +83,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     """The plan of lowest predicted peak whose counted FLOPs stay within req.max_extra_cost.
 
     judge(checkpoints) -> (the copies' cost as shipped, the predicted peak bytes or None
-    when the predictor cannot predict it). `also`: plans judged right after the front
+    when the predictor cannot predict it). `also`: plans judged right after no checkpoints, before the front
     (the sqrt plan). Raises ValueError when it cannot predict the graph without checkpoints
     (nothing to compare against)."""
     model = SegmentModel(fwd, req)
@@ -111,7 +113,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     if consider(()) is None:
         raise ValueError("the predictor cannot predict the training graph's peak")
     stopped = False
-    for ck in [*pareto_front(fwd, req, model), *also]:
+    for ck in [*also, *pareto_front(fwd, req, model)]:
         if time.monotonic() - start > deadline_s:
             stopped = True
             break
@@ -129,8 +131,9 @@ def search_optimal(fwd: Forward, req: PlanRequest,
             if found is not None and found.rank() < current.rank():
                 improved = True
         improved = improved and not stopped
-    return Search(robust_choice([j for j in seen.values() if j is not None], band_ratio),
-                  judged, stopped)
+    found = [j for j in seen.values() if j is not None]
+    return Search(robust_choice(found, band_ratio), judged, stopped,
+                  tuple(sorted(found, key=Judged.rank)))
 
 
 def robust_choice(judged: list[Judged], band_ratio: float = PREDICTION_BAND_RATIO) -> Judged:
@@ -178,8 +181,34 @@ class TimeBudget:
     count: Callable[[tuple[str, ...]], StepCount]  # a plan's step, counted as it ships
 
 
+def finalists(search: Search, also: tuple[str, ...], predict_cycle) -> tuple[Judged, str]:
+    """The search's answer re-judged by the whole training cycle's predicted peak (the one the
+    manifest gives and the runtime meets): the FINALISTS plans of lowest predicted step
+    peak, and `also` (the sqrt plan) if it was within the budget, each with its cycle's peak;
+    robust_choice among them. The step is not the whole story: on a transformer encoder the
+    plan of lowest step peak had 2.1 MB more activations elsewhere in the cycle than in its
+    step, sqrt's none. Returns the answer and how it was chosen, for the note (the search's
+    own answer where there is no cycle predictor or it cannot predict)."""
+    step = "the lowest predicted step peak (within the band, of lowest segment-model peak)"
+    if predict_cycle is None:
+        return search.best, step
+    chosen = list(search.ranked[:FINALISTS])
+    chosen += [j for j in search.ranked if j.checkpoints == also and j not in chosen]
+    cycle = [predict_cycle(j.checkpoints) for j in chosen]
+    if None in cycle:
+        return search.best, step
+    judged = [dataclasses.replace(j, predicted_peak_bytes=c) for j, c in zip(chosen, cycle)]
+    return robust_choice(judged), (f"of the {len(judged)} plans of lowest predicted step peak "
+                                   "and sqrt's, the lowest predicted peak of the whole "
+                                   "training cycle (within the band, of lowest segment-model "
+                                   "peak)")
+
+
+FINALISTS = 4  # plans of lowest predicted step peak that the cycle's prediction re-judges
+
+
 def plan_within_time(fwd: Forward, req: PlanRequest, budget: TimeBudget, predict_peak,
-                     predict_lowest, min_saving_bytes: int, costs: list
+                     predict_lowest, min_saving_bytes: int, costs: list, predict_cycle=None
                      ) -> tuple[tuple[str, ...], str]:
     """The optimal plan's checkpoints and note: the search above with node costs and the
     budget in predicted nanoseconds (`costs`: node_costs' rows of the forward graph), or,
@@ -200,22 +229,23 @@ def plan_within_time(fwd: Forward, req: PlanRequest, budget: TimeBudget, predict
         return (f"+{c.time_ratio() - 1:.1%} predicted time, +{c.flops_ratio() - 1:.1%} FLOPs "
                 "recomputed (counted on the graph as it ships)")
     if predict_peak is not None and fwd.cuts:
+        sqrt_plan = plan_forward(fwd, "sqrt", req).checkpoints
         try:
             found = search_optimal(fwd, req, lambda ck: (budget.count(ck).extra_ns,
-                                                         predict_peak(ck)),
-                                   also=(plan_forward(fwd, "sqrt", req).checkpoints,))
+                                                         predict_peak(ck)), also=(sqrt_plan,))
         except ValueError:
             found = None
         if found is not None:
-            best, none_peak = found.best, predict_lowest(())
-            best_peak = predict_lowest(best.checkpoints)
+            best, cycle_note = finalists(found, sqrt_plan, predict_cycle)
+            none_peak, best_peak = predict_lowest(()), predict_lowest(best.checkpoints)
             stopped = (f"; the search stopped after {found.judged} plans at its "
                        f"{OPTIMAL_SEARCH_S:g} s bound" if found.stopped else "")
             if (best.checkpoints and None not in (none_peak, best_peak)
                     and none_peak - best_peak >= min_saving_bytes):
                 return best.checkpoints, (
-                    f"the lowest predicted step peak of {found.judged} plans within {within}: "
-                    f"{best_peak:,} bytes, {added(best.checkpoints)}{stopped}")
+                    f"{found.judged} plans judged within {within}; chosen: {cycle_note}; its "
+                    f"predicted step peak {best_peak:,} bytes, {added(best.checkpoints)}"
+                    f"{stopped}")
             kept = "" if none_peak is None else f" ({none_peak:,} bytes)"
             return (), (f"no checkpoints: none of the {found.judged} plans judged within "
                         f"{within} is predicted at least {min_saving_bytes:,} bytes below "

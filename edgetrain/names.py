@@ -56,6 +56,11 @@ RELU_MASK_SUFFIX = "_relumask"
 SAVED_INT8_SUFFIX = "_saved_int8"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
+# A computed weight's node rebuilt beside one backward reader: f"{node}{REMAT_TAG}{k}.{j}"
+REMAT_TAG = "_remat."
+# The PassThrough nodes that order a plan's copies after a gradient: a segment's, a rebuilt
+# weight's (exporters/plans/recompute/rewrite.py, remat.py)
+RECOMPUTE_ORDER_PREFIXES = ("recompute.seg", "remat.")
 # ONNX Runtime's blocked-channel kernels (ReorderInput, Conv, ReorderOutput): the training
 # graph's depthwise convolutions run in them (exporters/passes/nchwc.py, edgetrain/nchwcprobe.py).
 NCHWC_DOMAIN = "com.microsoft.nchwc"
@@ -88,6 +93,13 @@ def recompute_name(name: str) -> str:
 
 def is_recompute_name(name: str) -> bool:
     return name.endswith(RECOMPUTE_SUFFIX)
+
+
+def is_recompute_node(name: str) -> bool:
+    """A node a recompute plan added to the training graph: a segment's copy, a rebuilt
+    computed weight's node, or a PassThrough that orders them (what the plan costs in time)."""
+    return (is_recompute_name(name) or REMAT_TAG in name
+            or name.startswith(RECOMPUTE_ORDER_PREFIXES))
 
 
 def saved_int8_names(tensor: str) -> tuple[str, str, str, str, str]:

@@ -72,6 +72,13 @@ def test_a_steps_count_splits_off_the_recompute_copies():
     copy = "x" + names.RECOMPUTE_SUFFIX
     assert names.is_recompute_name(copy)
     rows = [("a", "Conv", 3000, 10), (copy, "Conv", 1000, 10), ("b", "Relu", 0, 10)]
+    # a rebuilt weight's node and the PassThroughs ordering copies are the plan's too
+    added = [(f"w/Mul{names.REMAT_TAG}0.1", "Mul", 500, 10),
+             (f"{names.RECOMPUTE_ORDER_PREFIXES[0]}3.pass_through", "PassThrough", 0, 10),
+             (f"{names.RECOMPUTE_ORDER_PREFIXES[1]}0.1.pass_through", "PassThrough", 0, 10)]
+    assert all(names.is_recompute_node(r[0]) for r in added + rows[1:2])
+    assert not any(names.is_recompute_node(r[0]) for r in rows[::2])
+    assert count_step(rows + added, model).extra_flops == 1500
     count = count_step(rows, model)
     assert (count.step_flops, count.extra_flops) == (3000, 1000)
     assert (count.step_ns, count.extra_ns) == (round(3000e-9 * NS_PER_S),

@@ -35,12 +35,12 @@ def node_time_ns(model: TimeModel, row: tuple[str, str, int, int]) -> int:
 
 
 def count_step(rows: Iterable[tuple[str, str, int, int]], model: TimeModel) -> StepCount:
-    """StepCount of node_costs' rows (name, op, FLOPs, bytes): a recompute copy is a node
-    whose name carries the recompute suffix."""
+    """StepCount of node_costs' rows (name, op, FLOPs, bytes): the plan's nodes are its
+    copies, rebuilt weights and the PassThroughs that order them (names.is_recompute_node)."""
     flops = extra_flops = step_ns = extra_ns = 0
     for row in rows:
         ns = node_time_ns(model, row)
-        if names.is_recompute_name(row[0]):
+        if names.is_recompute_node(row[0]):
             extra_flops, extra_ns = extra_flops + row[2], extra_ns + ns
         else:
             flops, step_ns = flops + row[2], step_ns + ns

@@ -58,10 +58,12 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
             if not sources or masked_only and not any(
                     x.endswith(MASKED) for n in nodes_t for x in n.input):
                 continue
-            p = f"remat.{k}.{j}"
-            alias = [f"{p}.{s}" for s in sources]
+            p = f"{k}.{j}"
+            order_name = f"{names.RECOMPUTE_ORDER_PREFIXES[1]}{p}"
+            alias = [f"{order_name}.{s}" for s in sources]
             new_nodes.append(helper.make_node("PassThrough", [*sources, order],
-                                              [*alias, f"{p}.after"], name=f"{p}.pass_through",
+                                              [*alias, f"{order_name}.after"],
+                                              name=f"{order_name}.pass_through",
                                               domain="com.microsoft"))
             local = dict(zip(sources, alias))
             for n in nodes_t:
@@ -69,12 +71,12 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
                     continue
                 c = onnx.NodeProto()
                 c.CopyFrom(n)
-                c.name = f"{n.name}_{p}"
+                c.name = f"{n.name}{names.REMAT_TAG}{p}"
                 for i, x in enumerate(c.input):
                     c.input[i] = local.get(x, x)
                 for i, o in enumerate(c.output):
                     if o:
-                        local[o] = c.output[i] = f"{o}_{p}"
+                        local[o] = c.output[i] = f"{o}{names.REMAT_TAG}{p}"
                 new_nodes.append(c)
             reader.input[j] = local[t]
             rebuilt.append(t)
@@ -82,7 +84,7 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
         ensure_ms_domain(m)
         m.graph.node.extend(new_nodes)
         declare_like(m, new_nodes, lambda n, k, o: n.input[k] if n.op_type == "PassThrough"
-                     else o.rsplit("_remat.", 1)[0])
+                     else o.rsplit(names.REMAT_TAG, 1)[0])
     return tuple(dict.fromkeys(rebuilt))
 
 

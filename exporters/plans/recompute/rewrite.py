@@ -131,6 +131,6 @@ def gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> o
         raise ValueError(f"recompute: no gradient {grad!r} in the training graph to order "
                          f"segment {s}'s recompute after; choose checkpoints on the data path")
     ensure_ms_domain(m)
-    p = f"recompute.seg{s}"
+    p = f"{names.RECOMPUTE_ORDER_PREFIXES[0]}{s}"
     return helper.make_node("PassThrough", [tensor, grad], [f"{p}.start", f"{p}.after_grad"],
                             name=f"{p}.pass_through", domain="com.microsoft")

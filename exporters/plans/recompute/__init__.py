@@ -21,6 +21,7 @@ This module: plan_and_rewrite, the one call the exporter's recompute pass makes
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import onnx
@@ -134,8 +135,8 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         timing = time_model or host_time_model()
         counted = shipped_costs or (lambda graph: node_costs(graph, batch))
         return finish(*plan_within_time(
-            fwd, req, TimeBudget(time_ratio, timing,
-                                 lambda ck: count_step(counted(write(ck)[1]), timing)),
+            fwd, req, TimeBudget(time_ratio, timing, functools.cache(  # once a plan
+                lambda ck: count_step(counted(write(ck)[1]), timing))),
             predict_peak if predict_model_peak else None, predict_lowest,
             min_saving_bytes, costs,
             predict_cycle=(None if predict_cycle_peak is None else lambda ck: predict_cycle_peak(

@@ -26,7 +26,8 @@ class ExportOptions:
     freeze_batchnorm: BatchNorm as a fixed affine map. recompute: none, sqrt, budget
     (planned for recompute_budget_bytes) or optimal (the lowest peak whose step is predicted
     at most recompute_time_ratio times the step without recompute: steptime.py). density,
-    mask_allocation, mask_init, mask_seed: sparse masks (exporters/plans/sparse.py). int8_frozen: frozen weights in 8 bits.
+    mask_allocation, mask_init, mask_seed: sparse masks (exporters/plans/sparse.py).
+    int8_frozen: frozen weights in 8 bits.
     target: portable (default), arm64 or host (edgetrain/targets.py); nchwc: this machine's
     NCHWc kernels (host only). sign_key: an Ed25519 private key file (edgetrain/signing.py).
     masking_check: export_named measures what masking a trained model costs (host, torch)."""

@@ -5,11 +5,11 @@ Formulation. Choose checkpoints C among the forward graph's cut points (analysis
 minimise P(C), the step's peak bytes, subject to T(C) <= (r - 1) * T0: T(C) the predicted
 time of the recompute copies counted node by node on the training graph as it ships (the
 later passes applied; counting.py, the step-time model of predictor/steptime.py), T0 the
-step's predicted time without them, r the allowed step-time ratio (`--recompute-time`). P(C) has no closed form: ORT's allocation planner reuses buffers and
-lays them out in one memory-pattern block, so holes between them count (on ResNet-50 at
-micro-batch 8 the block was 13-41% larger than the most bytes live at once). The static
-predictor replays that planner on the rewritten graph, a few seconds on ResNet-50; it is
-the objective.
+step's predicted time without them, r the allowed step-time ratio (`--recompute-time`).
+P(C) has no closed form: ORT's allocation planner reuses buffers and lays them out in one
+memory-pattern block, so holes between them count (on ResNet-50 at micro-batch 8 the block
+was 13-41% larger than the most bytes live at once). The static predictor replays that
+planner on the rewritten graph, a few seconds on ResNet-50; it is the objective.
 
 Search. The segment model (segment_model.py) gives, for any byte limit L on its own peak,
 the exact cheapest plan (a dynamic programme over every subset of cut points; node costs in
@@ -83,9 +83,9 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     """The plan of lowest predicted peak whose counted FLOPs stay within req.max_extra_cost.
 
     judge(checkpoints) -> (the copies' cost as shipped, the predicted peak bytes or None
-    when the predictor cannot predict it). `also`: plans judged right after no checkpoints, before the front
-    (the sqrt plan). Raises ValueError when it cannot predict the graph without checkpoints
-    (nothing to compare against)."""
+    when the predictor cannot predict it). `also`: plans judged right after no checkpoints,
+    before the front (the sqrt plan). Raises ValueError when it cannot predict the graph
+    without checkpoints (nothing to compare against)."""
     model = SegmentModel(fwd, req)
     budget = req.max_extra_cost
     start = time.monotonic()

@@ -21,8 +21,8 @@ class SegmentModel:
     if j < k) and the gradient working set (G_j: twice the largest tensor of S_j). The
     model's peak is max_j P_j + R_j + G_j; a plan costs the node_cost (FLOPs or predicted
     time) of the nodes its copies repeat. Exact search over all 2^n subsets of the n cut
-    points by dynamic programming: after each checkpoint only (P, cost so far) matters, and a state no better in both is
-    dropped."""
+    points by dynamic programming: after each checkpoint only (P, cost so far) matters, and
+    a state no better in both is dropped."""
 
     def __init__(self, fwd: Forward, req: PlanRequest):
         self.fwd = fwd

@@ -40,16 +40,13 @@ def measured_row(name: str, art: Path, batch: int, *extra: str) -> dict:
     d = json.loads(run("measure", str(art), "--batch", str(batch), "--steps", "2", *extra,
                        "--json"))
     err = (d["predicted_peak_bytes"] - d["peak_bytes"]) / d["peak_bytes"]
-    claim = ("complete" if d["predicted_complete"] else
-             "range" if "Shape nodes" in d["prediction_caveat"] and
-             "operators" not in d["prediction_caveat"] else "none")
+    claim = "complete" if d["predicted_complete"] else "none"
     print(f"{name:28s} batch {batch:2d}: measured {d['peak_bytes']:>14,} predicted "
           f"{d['predicted_peak_bytes']:>14,} ({err:+.1%}, {claim})", flush=True)
     return {"model": name, "batch": batch, "peak_bytes": d["peak_bytes"],
             "predicted_peak_bytes": d["predicted_peak_bytes"], "error_ratio": round(err, 4),
             "claim": claim, "caveat": d["prediction_caveat"], "breakdown": d["breakdown"],
             "predicted_breakdown": d["predicted_breakdown"],
-            "predicted_activations_range_bytes": d["predicted_activations_range_bytes"],
             "step_time_s": d["step_time_s"]}
 
 

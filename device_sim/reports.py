@@ -59,7 +59,6 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
            **r.to_dict(), "predicted_peak_bytes": pred.peak_bytes,
            "predicted_breakdown": pred.breakdown, "predicted_threads": pred.threads,
            "predicted_complete": pred.complete, "prediction_caveat": pred.caveat(),
-           "predicted_activations_range_bytes": list(pred.activations_range_bytes),
            "predicted_masks_at_peak": asdict(masks_at_peak(train, eval_model, batch,
                                                            pred.threads)),
            "step_flops": cost.flops, "step_bytes_moved": cost.bytes_moved,

@@ -2,37 +2,80 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
-import onnx
-
-from conftest import cli, device_python
+from conftest import ROOT, cli, device_python
 from edgetrain.manifest import load_manifest
 import pytest
 
 import exporters.predictor as predictor
-from exporters.graph import drop_identities, execution_order
 from exporters.predictor.ortgraph import optimized_graph
 from exporters.predictor.plan import plan_step
 from exporters.predictor.scratch import scratch_bytes
 
-SCALAR_OPS = {"Shape", "Size"}  # ORT may schedule these earlier; they hold a few bytes
-
-
-def test_execution_order_is_ort_order(tiny_artifact, tmp_path):
-    opt = tmp_path / "ort_optimized.onnx"
-    device_python(f"""
-import json
+PROFILED_ORDER = """
+import glob, json, os, sys
+import numpy as np
 from edgetrain.ort_device import onnxruntime, training_api
+from edgetrain.sessions import session_options
+art, prefix, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ort, api = onnxruntime(), training_api()
-so = ort.SessionOptions(); so.optimized_model_filepath = {str(opt)!r}; so.log_severity_level = 3
-st = api.CheckpointState.load_checkpoint({str(tiny_artifact / 'checkpoint')!r})
-api.Module({str(tiny_artifact / 'training_model.onnx')!r}, st, None, session_options=so)
-print(json.dumps({{}}))
-""")
-    ort_order = [n.name for n in onnx.load(str(opt)).graph.node if n.op_type not in SCALAR_OPS]
-    nodes, _ = drop_identities(optimized_graph(str(tiny_artifact / "training_model.onnx")))
-    mine = [nodes[i].name for i in execution_order(nodes) if nodes[i].op_type not in SCALAR_OPS]
-    assert mine == ort_order
+man = json.load(open(os.path.join(art, "manifest.json")))
+so = session_options(ort, man["plan"]["threads"])  # the runtime's sessions' options
+so.enable_profiling = True; so.profile_file_prefix = prefix
+st = api.CheckpointState.load_checkpoint(os.path.join(art, "checkpoint"))
+m = api.Module(os.path.join(art, "training_model.onnx"), st, None, session_options=so)
+m.train()
+x = np.zeros((batch, *man["input"]["sample_shape"]), np.float32)
+m(x, np.zeros(batch, np.int64))
+del m  # writes the profiles
+events = json.load(open(max(glob.glob(prefix + "*.json"), key=os.path.getsize)))
+kernels = sorted((e for e in events if e.get("cat") == "Node"
+                  and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"])
+print(json.dumps([e["name"][:-len("_kernel_time")] for e in kernels]))
+"""
+
+
+def profiled_order(art, tmp_path, batch: int) -> list[str]:
+    """The nodes of one training step of the artifact's Module, in the order ORT's profiler
+    saw their kernels run (a torch-free child)."""
+    p = subprocess.run([sys.executable, "-c", PROFILED_ORDER, str(art), str(tmp_path / "prof"),
+                        str(batch)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def attention_artifact(tmp_path_factory):
+    """A small attention network (Shape nodes read large tensors: their place matters)."""
+    import torch
+
+    from edgetrain.manifest import Plan
+    from exporters.export import export_artifact
+    from wearable_models import CASES, CLASSES
+
+    case = CASES["transformer_encoder"]
+    out = tmp_path_factory.mktemp("attn") / "encoder"
+    torch.manual_seed(0)
+    export_artifact(case.build(), torch.zeros(2, *case.sample_shape), out,
+                    classes=[str(k) for k in range(CLASSES)], plan=Plan(micro_batch=4),
+                    layout=case.layout, freeze_batchnorm=case.freeze_batchnorm)
+    return out
+
+
+@pytest.mark.parametrize("which", ["tiny_artifact", "attention_artifact"])
+def test_planned_order_is_the_order_ort_runs(which, request, tmp_path):
+    """The order the predictor plans in is, node for node, the order ORT's profiler sees a
+    training step run in (Shape nodes included: ORT moves them next to their input)."""
+    art = request.getfixturevalue(which)
+    plan = plan_step(str(art / "training_model.onnx"), 4)
+    ran = profiled_order(art, tmp_path, 4)
+    assert list(plan.order) == ran
+    if which == "attention_artifact":
+        assert any(n.split("/")[-1].startswith("Shape") for n in ran)
 
 
 def test_predicted_state_is_exact_and_measured_breakdown_sums(tiny_artifact):
@@ -148,3 +191,19 @@ def test_a_recomputed_output_no_node_reads_is_held_to_the_end_of_the_step(tmp_pa
     d = json.loads(cli("measure", art, "--batch", 16, "--steps", 1, "--json").stdout)
     assert d["predicted_complete"] and m.plan.checkpoints
     assert abs(d["predicted_peak_bytes"] - d["peak_bytes"]) <= 0.01 * d["peak_bytes"]
+
+
+def test_variadic_sum_running_results_in_bytes():
+    """Sum of N inputs allocates N - 2 running results before its output (ORT's
+    UntypedBroadcastVariadic), each the broadcast of the inputs so far, in bytes."""
+    from onnx import helper
+
+    from exporters.predictor.scratch import variadic_temporaries
+
+    shapes = {"a": ((4, 8), 4), "b": ((4, 8), 4), "c": ((1, 8), 4), "d": ((4, 8), 4)}
+    assert variadic_temporaries(helper.make_node("Sum", ["a", "b"], ["y"]), shapes) == []
+    assert variadic_temporaries(helper.make_node("Sum", ["a", "b", "c"], ["y"]), shapes) == [
+        4 * 8 * 4]
+    assert variadic_temporaries(helper.make_node("Sum", ["c", "c", "a", "d"], ["y"]),
+                                shapes) == [1 * 8 * 4, 4 * 8 * 4]
+    assert variadic_temporaries(helper.make_node("Add", ["a", "b", "c"], ["y"]), shapes) == []

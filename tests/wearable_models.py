@@ -140,11 +140,11 @@ CASES: dict[str, Case] = {
         (6, 32), "CT", True),
     "mlp_layernorm": Case(lambda: Classify(nn.Sequential(
         nn.Linear(6, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 8)), 8 * 16),
-        (16, 6), "TF", False),  # its peak depends on where ORT schedules Shape nodes
+        (16, 6), "TF", True),
     "sdpa": Case(lambda: Classify(nn.Sequential(nn.Linear(6, 16), Attention()), 16),
-                 (16, 6), "TF", False),
-    "mha_embedding": Case(lambda: Classify(MhaBlock(), 16), (16, 6), "TF", False),
-    "transformer_encoder": Case(_encoder, (16, 6), "TF", False),
+                 (16, 6), "TF", True),
+    "mha_embedding": Case(lambda: Classify(MhaBlock(), 16), (16, 6), "TF", False),  # Range
+    "transformer_encoder": Case(_encoder, (16, 6), "TF", True),
     "moe_transformer": Case(lambda: Classify(MoeBlock(), 16), (16, 6), "TF", False),
     "gru": Case(lambda: Classify(Recurrent(nn.GRU), 12), (16, 6), "TF", False),
     "lstm": Case(lambda: Classify(Recurrent(nn.LSTM), 12), (16, 6), "TF", False),

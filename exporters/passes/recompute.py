@@ -27,15 +27,9 @@ from exporters.predictor.scratch import MLAS_CONV_BUFFER_FLOATS_PER_THREAD
 MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD = MLAS_CONV_BUFFER_FLOATS_PER_THREAD * 4
 
 
-def judged_peak(p: Prediction, strict: bool) -> int | None:
-    """The peak a plan is judged by: the prediction's, None where it makes no claim. Not
-    strict (sqrt, optimal), a prediction whose one caveat is where ORT schedules the Shape
-    nodes is judged by the higher of the two orders' peaks (its peak_bytes), so TCNs and
-    attention get plans that lower the worst case; a budget needs a claim."""
-    if p.complete or not strict and p.order_dependent and not (
-            p.unsized_tensors or p.unmodelled_ops or p.failure):
-        return p.peak_bytes
-    return None
+def judged_peak(p: Prediction) -> int | None:
+    """The peak a plan is judged by: the prediction's, None where it makes no claim."""
+    return p.peak_bytes if p.complete else None
 
 
 def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
@@ -65,11 +59,11 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
     def peak_of(training):
         judged = (as_shipped(training) if planner in ("budget", "optimal")
                   else dataclasses.replace(graphs, training=training))
-        return judged_peak(ctx.predict(judged), strict=planner == "budget")
+        return judged_peak(ctx.predict(judged))
 
     def cycle_peak_of(training):  # optimal's finalists: the whole cycle's peak, as shipped
         p = ctx.predict_cycle(as_shipped(training))
-        return None if p is None else judged_peak(p, strict=False)
+        return None if p is None else judged_peak(p)
 
     def costs_of(training):  # node_costs' rows of the training graph as shipped
         return node_costs(as_shipped(training).training, plan.micro_batch)

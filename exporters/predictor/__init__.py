@@ -7,10 +7,7 @@ Module's sessions reserve for their graphs' constants. Simulated, on the graph O
 cycle's runs, each planned (plan.py) and replayed with its run-time allocations (scratch.py)
 through one arena (cycle.py): a BatchNorm statistics pass where the run adapts BatchNorm, the
 training step, an eval pass, the inference check; for the intra-op thread count the runtime
-will use (the manifest's plan), never the exporting machine's. Where the order ORT runs
-Shape nodes in changes the peak (attention graphs), both orders are simulated and the
-prediction is the larger, or no claim at all when they differ by more than
-ORDER_SPREAD_RATIO. It models onnxruntime-training 1.19.2's internals and refuses to
+will use (the manifest's plan), never the exporting machine's. It models onnxruntime-training 1.19.2's internals and refuses to
 predict for any other version. ORT loads the graphs (to optimise them and read their
 shapes), runs the eval graph forward at batch 1 and 2 (evaluated.py) and writes the
 inference model the device would (inferencegraph.py); nothing trains.
@@ -32,13 +29,12 @@ from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
 from exporters.predictor.shapes import Shapes
-from exporters.predictor.scratch import run_sizes, scratch_bytes
+from exporters.predictor.scratch import scratch_bytes
 
 SUPPORTED_ORT_VERSION = "1.19.2"
 ORT_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime")
 METHOD = ("graph plan on ORT's optimised graph: execution order, reuse plan, memory pattern, "
           "run-time allocations through an arena model")
-ORDER_SPREAD_RATIO = 0.02  # activations of the two Shape-node orders may differ this much
 
 
 # Operators whose run-time memory the predictor models (their kernels allocate nothing from
@@ -94,9 +90,6 @@ class Prediction:
     unsized_tensors: tuple[str, ...] = ()
     # Operators of the step outside MODELLED_OPS: their run-time scratch is not modelled.
     unmodelled_ops: tuple[str, ...] = ()
-    # activations with Shape nodes run where the training order puts them and as early as
-    # possible: ORT's choice is not modelled, so a spread above ORDER_SPREAD_RATIO is no claim
-    activations_range_bytes: tuple[int, int] = (0, 0)
     # why the step could not be simulated at all ('' when it was)
     failure: str = ""
     # the side graph of the BatchNorm statistics pass run before the first step, whose
@@ -105,15 +98,9 @@ class Prediction:
     method: str = METHOD
 
     @property
-    def order_dependent(self) -> bool:
-        lo, hi = self.activations_range_bytes
-        return hi - lo > ORDER_SPREAD_RATIO * hi
-
-    @property
     def complete(self) -> bool:
         """Whether peak_bytes is a prediction at all (else not to be trusted)."""
-        return not (self.unsized_tensors or self.unmodelled_ops or self.order_dependent
-                    or self.failure)
+        return not (self.unsized_tensors or self.unmodelled_ops or self.failure)
 
     def caveat(self) -> str:
         """Why the prediction cannot be trusted ('' when it can)."""
@@ -126,15 +113,10 @@ class Prediction:
                        f"({', '.join(self.unmodelled_ops)})")
         if self.failure:
             why.append(self.failure)
-        if self.order_dependent:
-            lo, hi = self.activations_range_bytes
-            why.append(f"activations between {lo} and {hi} bytes depending on where ONNX "
-                       "Runtime schedules the graph's Shape nodes")
         return ("cannot predict this step's peak: " + " and ".join(why)) if why else ""
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "activations_range_bytes": list(self.activations_range_bytes),
-                "unsized_tensors": len(self.unsized_tensors),
+        return {**asdict(self), "unsized_tensors": len(self.unsized_tensors),
                 "unmodelled_ops": list(self.unmodelled_ops), "complete": self.complete,
                 "caveat": self.caveat()}
 
@@ -181,22 +163,20 @@ def known_shapes(eval_path: str, batch: int, train: str | None = None) -> Shapes
     return shapes
 
 
-def activation_plans(train: str, batch: int, threads: int, known: Shapes | None
-                     ) -> list[tuple[StepPlan, int]]:
-    """The step's plan in both orders of Shape nodes, each with its activation bytes: the
-    memory-pattern block (arena-rounded) plus the run-time allocations outside it. The
-    prediction claims the larger (of the step alone, or of the whole cycle: predict)."""
-    plans = [plan_step(train, batch, known, hoist_shapes=h) for h in (False, True)]
-    return [(p, arena_rounded(p.pattern_bytes) + scratch_bytes(train, batch, threads, p, known))
-            for p in plans]
+def activation_plan(train: str, batch: int, threads: int, known: Shapes | None
+                    ) -> tuple[StepPlan, int]:
+    """The step's plan with its activation bytes: the memory-pattern block (arena-rounded)
+    plus the run-time allocations outside it."""
+    plan = plan_step(train, batch, known)
+    return plan, arena_rounded(plan.pattern_bytes) + scratch_bytes(train, batch, threads, plan,
+                                                                   known)
 
 
 def claimed_plan(train: str, eval_model: str, batch: int, threads: int
                  ) -> tuple[StepPlan, int]:
-    """The step's plan the prediction claims (the larger of activation_plans), with its
-    activation bytes; shapes from running the eval graph forward where ORT can."""
-    return max(activation_plans(train, batch, threads, known_shapes(eval_model, batch, train)),
-               key=lambda pa: pa[1])
+    """The step's plan the prediction claims, with its activation bytes; shapes from running
+    the eval graph forward where ORT can."""
+    return activation_plan(train, batch, threads, known_shapes(eval_model, batch, train))
 
 
 def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, str],
@@ -222,10 +202,10 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:
-        pairs = activation_plans(train, batch, threads, known)
-        acts, graphs, unsized = [a for _, a in pairs], [optimized_graph(train)], pairs[0][0].unsized
+        plan, acts = activation_plan(train, batch, threads, known)
+        graphs, unsized = [optimized_graph(train)], plan.unsized
         if not step_only:
-            acts, more, more_unsized = _cycle(folder, files, [p for p, _ in pairs], trainable,
+            acts, more, more_unsized = _cycle(folder, files, plan, trainable,
                                               tensors, batch, threads, known, batchnorm_role,
                                               step_first)
             graphs, unsized = graphs + more, unsized + more_unsized
@@ -239,7 +219,7 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
                           batchnorm_pass=batchnorm_role or "")
     breakdown = {
         **state,
-        "activations": max(acts),
+        "activations": acts,
         "other": constants + RUNTIME_SCALAR_BYTES,
     }
     ops = {n.op_type for g in graphs for n in g.graph.node}
@@ -247,14 +227,13 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
                       breakdown=breakdown, onnxruntime=version,
                       unsized_tensors=unsized,
                       unmodelled_ops=tuple(sorted(ops - MODELLED_OPS)),
-                      activations_range_bytes=(min(acts), max(acts)),
                       batchnorm_pass=batchnorm_role or "")
 
 
-def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable, tensors,
+def _cycle(folder: Path, files: dict[str, str], plan: StepPlan, trainable, tensors,
            batch: int, threads: int, known: Shapes | None, batchnorm_role: str | None,
            step_first: bool = False):
-    """Each step plan's activations over the whole cycle (cycle.py), with the other graphs
+    """The step plan's activations over the whole cycle (cycle.py), with the other graphs
     the cycle runs and the tensors of theirs that could not be sized."""
     train, eval_path = (str(folder / files[r]) for r in (names.TRAINING_MODEL, names.EVAL_MODEL))
     chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
@@ -265,9 +244,8 @@ def _cycle(folder: Path, files: dict[str, str], plans: list[StepPlan], trainable
     side_path = None if batchnorm_role is None else str(folder / files[batchnorm_role])
     side = None if side_path is None else side_run(side_path, batch,
                                                   known=known_shapes(side_path, batch))
-    sizes = run_sizes(train, plans[0], batch, known)  # the same graph in both orders
-    acts = [cycle_activation_bytes(Run(train, p, sizes), eval_pass, threads, chunks, side,
-                                   inference, step_first) for p in plans]
+    acts = cycle_activation_bytes(Run.of(train, plan, known), eval_pass, threads, chunks, side,
+                                  inference, step_first)
     runs = [inference] + ([side] if side else [])
     return (acts, [optimized_graph(r.path, r.plan.graph_level) for r in runs],
             tuple(u for r in runs for u in r.plan.unsized))

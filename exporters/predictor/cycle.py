@@ -26,8 +26,8 @@ holds at the end is the most the cycle needed (scratch.RegionArena models it). T
    left free, or grow it.
 
 Later statistics passes and steps repeat the same requests into the same regions. The side
-graph's plan is ORT's default reuse plan (on outside training) in the order with Shape nodes
-run as early as possible (plan.hoist_shape_ops): a statistics graph reads each layer's input
+graph's plan is ORT's default reuse plan (on outside training) in ORT's order, which runs a
+Shape node just after its input's producer: a statistics graph reads each layer's input
 again only for its Shape, at its end, and the allocator measured the input freed after its
 layer (imu_cnn at micro-batch 8: 745,472 bytes of regions for the pass; holding each input to
 the end would take 1,103,872).
@@ -66,7 +66,7 @@ def side_run(side: str, batch: int, graph_level: int = OPTIMIZATION_LEVEL,
     """A run of the graph at `side` in a session without a memory pattern (ORT's
     optimisation at `graph_level`: side graphs open at the default, the inference check
     unoptimised)."""
-    return Run.of(side, plan_step(side, batch, known, hoist_shapes=True, memory_reuse=True,
+    return Run.of(side, plan_step(side, batch, known, memory_reuse=True,
                                   memory_pattern=False, graph_level=graph_level), known, bound)
 
 

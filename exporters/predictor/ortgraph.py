@@ -4,10 +4,9 @@ The predictor simulates ORT's memory planner, so it must plan the graph ORT plan
 shapes ORT knows:
   * optimized_graph: the training Module optimises its graphs at load (level 3: constant
     folding, Transpose+MatMul -> FusedMatMul, ...). ORT writes that graph out when asked
-    (`optimized_model_filepath`); its execution order comes from the nodes' in-memory
-    indices, where kept nodes keep their place and new ones come after, in creation order,
-    so the nodes are put back in that order (exporters.graph.execution_order then gives
-    ORT's order; checked against ORT's profiler on 1-D/2-D CNNs and attention graphs).
+    (`optimized_model_filepath`), its nodes in the order the session runs them (ORT writes
+    a graph in its GraphViewer's topological order, the executor's: node for node the
+    order of ORT's profiler on every graph checked, plan.py).
   * node_arg_shapes: every tensor's shape as ORT's graph holds it, a symbolic dimension by
     its name and an unknown one as None. ORT's planner reuses a buffer only for a tensor of
     the same symbolic shape, and lays out in its memory pattern only tensors whose every
@@ -46,7 +45,7 @@ def _stamp(path: str) -> tuple[str, int, int]:
 
 def optimized_graph(path: str, level: int = OPTIMIZATION_LEVEL) -> onnx.ModelProto:
     """The graph at `path` as ORT's optimiser leaves it at `level` (0: as the runtime's
-    inference check opens it, unoptimised), nodes in ORT's in-memory order."""
+    inference check opens it, unoptimised), nodes in ORT's execution order."""
     out = onnx.ModelProto()
     out.ParseFromString(_optimized(_stamp(path), level))
     return out
@@ -63,17 +62,8 @@ def _optimized(stamp: tuple[str, int, int], level: int) -> bytes:
         so.add_session_config_entry(DISABLED_OPTIMIZERS_KEY, ",".join(DISABLED_OPTIMIZERS))
         so.log_severity_level = 3
         ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        model = onnx.load(so.optimized_model_filepath)
-    original = onnx.load(path, load_external_data=False)
-    place = {n.name: k for k, n in enumerate(original.graph.node)}
-    created = {}
-    for n in model.graph.node:
-        if n.name not in place:
-            created[n.name] = len(place) + len(created)
-    nodes = sorted(model.graph.node, key=lambda n: place.get(n.name, created.get(n.name, 0)))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return model.SerializeToString()
+        with open(so.optimized_model_filepath, "rb") as f:
+            return f.read()
 
 
 def node_arg_shapes(model: onnx.ModelProto) -> SymbolicShapes:

@@ -8,6 +8,10 @@ Run-time allocations, in the plan's execution order (plan.StepPlan):
     (orttraining/training_ops/cpu/nn/conv_grad.cc), freed when the kernel returns;
   * ConvTranspose: a column buffer of K x its input's pixels (core/providers/cpu/nn/
     conv_transpose.cc), freed when the kernel returns;
+  * Sum, Mean, Max and Min of N > 2 inputs: N - 2 temporaries, each the running result of
+    the inputs so far, asked for before the output (element_wise_ops.cc
+    UntypedBroadcastVariadic: a temporary is freed once the next one, or the output, holds
+    the running result); a gradient summed over three readers takes one;
   * the tensors the plan could not lay out in the pattern (StepPlan.dynamic), from the node
     that produces them until their last reader has run.
 They go through a model of the arena (RegionArena): a request takes the best-fitting free gap
@@ -29,6 +33,7 @@ from exporters.predictor.shapes import Shapes, runtime_shapes
 MLAS_CONV_BUFFER_FLOATS_PER_THREAD = 16384  # MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
 MLAS_SGEMM_THREAD_COMPLEXITY = 65536
 MLAS_MAXIMUM_THREAD_COUNT = 16
+VARIADIC_OPS = ("Sum", "Mean", "Max", "Min")  # UntypedBroadcastVariadic's kernels
 
 
 def scratch_bytes(path: str, batch: int, threads: int, plan: StepPlan,
@@ -58,9 +63,17 @@ def replay(arena: "RegionArena", path: str, threads: int, plan: StepPlan, sizes:
         ends[name] = last
     live: list[str] = []
     for t, name in enumerate(plan.order):
+        running = None  # a variadic kernel's running result, asked for before its output
+        for k, size in enumerate(variadic_temporaries(by_name[name], sizes)):
+            arena.alloc(f"sum{t}.{k}", size)
+            if running:
+                arena.free(running)
+            running = f"sum{t}.{k}"
         for tensor, size in starts.get(t, []):  # a kernel asks for its outputs first
             arena.alloc(tensor, size)
             live.append(tensor)
+        if running:
+            arena.free(running)
         temps = conv_temporaries(by_name[name], sizes, threads)
         for k, size in enumerate(temps):
             arena.alloc(f"tmp{t}.{k}", size)
@@ -71,6 +84,22 @@ def replay(arena: "RegionArena", path: str, threads: int, plan: StepPlan, sizes:
             live.remove(tensor)
     for tensor in live:
         arena.free(tensor)
+
+
+def variadic_temporaries(n, shapes) -> list[int]:
+    """Bytes of the running results a variadic element-wise kernel (Sum, Mean, Max, Min)
+    allocates, in order: one per input after the second but the last, each the broadcast of
+    the inputs so far."""
+    if n.op_type not in VARIADIC_OPS or len(n.input) < 3:
+        return []
+    if any(x not in shapes for x in n.input):
+        return []
+    out = []
+    dims = tuple(shapes[n.input[0]][0])
+    for x in n.input[1:-1]:
+        dims = tuple(np.broadcast_shapes(dims, tuple(shapes[x][0])))
+        out.append(int(np.prod(dims, dtype=np.int64)) * shapes[n.input[0]][1])
+    return out
 
 
 def conv_temporaries(n, shapes, threads: int) -> list[int]:

@@ -46,10 +46,32 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
             return None
         return found
 
+    readers: dict[str, list] = {}
+    for n in nodes:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+
+    def order_of(reader) -> str | None:
+        """A late input of `reader`, else one of a node that reads its outputs and does not
+        itself come from them (a backward view of the weight, e.g. the pointwise ConvGrad's
+        Reshape, has no late input of its own), so the rebuilt chain runs no earlier than
+        backward needs it."""
+        found = next((x for x in reader.input if x in late), None)
+        if found is not None:
+            return found
+        below, todo = set(), [o for o in reader.output if o]
+        while todo:  # every tensor computed from the reader's outputs
+            t = todo.pop()
+            if t not in below:
+                below.add(t)
+                todo.extend(o for r in readers.get(t, ()) for o in r.output if o)
+        return next((x for y in reader.output if y for r in readers.get(y, ())
+                     for x in r.input if x in late and x not in below), None)
+
     rebuilt: list[str] = []
     new_nodes: list = []
     for k, reader in enumerate(late_nodes):
-        order = next((x for x in reader.input if x in late), None)
+        order = order_of(reader)
         for j, t in enumerate(reader.input):
             if t in late or t in graph_inputs or t not in producer or order is None:
                 continue

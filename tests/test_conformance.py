@@ -109,9 +109,9 @@ def test_prediction_within_5_percent_or_says_it_cannot(case):
 
 
 def test_sqrt_never_raises_the_activations(case):
-    """Measured. Where the predictor makes no claim on the graph without a plan, a plan is
-    kept only if its worst case over where ORT runs the Shape nodes is predicted lower; a
-    model left without checkpoints says why."""
+    """Measured. A plan is kept only where the predictor puts it lower than no plan; a model
+    left without checkpoints (the predictor makes no claim, or the plan saves too little)
+    says why."""
     assert case.sqrt["breakdown"]["activations"] <= case.measured[0]["breakdown"]["activations"]
     plan = case.manifests["sqrt"].plan
     if not case.measured[0]["predicted_complete"] and not plan.checkpoints:

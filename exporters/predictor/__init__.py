@@ -7,10 +7,11 @@ Module's sessions reserve for their graphs' constants. Simulated, on the graph O
 cycle's runs, each planned (plan.py) and replayed with its run-time allocations (scratch.py)
 through one arena (cycle.py): a BatchNorm statistics pass where the run adapts BatchNorm, the
 training step, an eval pass, the inference check; for the intra-op thread count the runtime
-will use (the manifest's plan), never the exporting machine's. It models onnxruntime-training 1.19.2's internals and refuses to
-predict for any other version. ORT loads the graphs (to optimise them and read their
-shapes), runs the eval graph forward at batch 1 and 2 (evaluated.py) and writes the
-inference model the device would (inferencegraph.py); nothing trains.
+will use (the manifest's plan), never the exporting machine's. It models
+onnxruntime-training 1.19.2's internals and refuses to predict for any other version. ORT
+loads the graphs (to optimise them, read their shapes and their execution order), runs the
+eval graph forward at batch 1 and 2 (evaluated.py) and writes the inference model the device
+would (inferencegraph.py); nothing trains.
 """
 from __future__ import annotations
 

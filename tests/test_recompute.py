@@ -355,28 +355,3 @@ def test_recompute_frees_folded_weights_and_unread_pool_indices(tmp_path):
         ga, gb = np.array(a[name]), np.array(b[name])
         assert np.abs(ga - gb).max() <= 1e-5 * max(1e-12, np.abs(ga).max()), name
 
-
-def test_a_weight_read_through_a_backward_view_is_rebuilt_late():
-    """A computed weight whose backward reader is a view with no late input of its own (the
-    pointwise ConvGrad's Reshape of the folded weight) is rebuilt, ordered after a late input
-    of the view's reader, and the forward weight is no longer read in backward."""
-    from onnx import TensorProto, helper
-
-    from exporters.plans.recompute import rematerialize_weights
-
-    f = TensorProto.FLOAT
-    g = helper.make_graph(
-        [helper.make_node("Mul", ["w", "s"], ["wf"], name="fold"),
-         helper.make_node("MatMul", [names.INPUT_NAME, "wf"], ["y"], name="fwd"),
-         helper.make_node("Neg", ["y"], ["y_grad"], name="loss_Grad/neg"),
-         helper.make_node("Reshape", ["wf", "shape"], ["w2"], name="fwd_Grad/Reshape"),
-         helper.make_node("MatMul", ["y_grad", "w2"], ["x_grad"], name="fwd_Grad/MatMul")],
-        "g", [helper.make_tensor_value_info(n, f, [2, 2]) for n in (names.INPUT_NAME, "w", "s")],
-        [helper.make_tensor_value_info("x_grad", f, [2, 2])],
-        [helper.make_tensor("shape", TensorProto.INT64, [2], [2, 2])])
-    m = helper.make_model(g)
-    assert rematerialize_weights(m) == ("wf",)
-    view = next(n for n in m.graph.node if n.name == "fwd_Grad/Reshape")
-    assert view.input[0] != "wf" and names.REMAT_TAG in view.input[0]
-    order = next(n for n in m.graph.node if n.op_type == "PassThrough")
-    assert list(order.input) == ["s", "w", "y_grad"]  # after the gradient the MatMul reads

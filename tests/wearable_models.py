@@ -143,7 +143,7 @@ CASES: dict[str, Case] = {
         (16, 6), "TF", True),
     "sdpa": Case(lambda: Classify(nn.Sequential(nn.Linear(6, 16), Attention()), 16),
                  (16, 6), "TF", True),
-    "mha_embedding": Case(lambda: Classify(MhaBlock(), 16), (16, 6), "TF", False),  # Range
+    "mha_embedding": Case(lambda: Classify(MhaBlock(), 16), (16, 6), "TF", True),
     "transformer_encoder": Case(_encoder, (16, 6), "TF", True),
     "moe_transformer": Case(lambda: Classify(MoeBlock(), 16), (16, 6), "TF", False),
     "gru": Case(lambda: Classify(Recurrent(nn.GRU), 12), (16, 6), "TF", False),

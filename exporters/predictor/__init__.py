@@ -43,9 +43,9 @@ METHOD = ("graph plan on ORT's optimised graph: execution order, reuse plan, mem
 # domain's too, with ReorderInput and ReorderOutput: exporters/passes/nchwc.py), checked against the
 # allocator on the seed networks (dense and sparse) and the layer families of
 # tests/wearable_models.py: convolutions, norms, pooling, activations, attention (MatMul,
-# Softmax, Transpose, Gather), embeddings; and the unoptimised ops of the inference check's
-# model (Erf: GELU before ORT fuses it; ConstantOfShape, Equal, Where: a sparse weight's
-# build before ORT folds it). A cycle with any other operator (recurrent cells,
+# Softmax, Transpose, Gather), embeddings (Range: positions made in forward); and the
+# unoptimised ops of the inference check's model (Erf: GELU before ORT fuses it;
+# ConstantOfShape, Equal, Where: a sparse weight's build before ORT folds it). A cycle with any other operator (recurrent cells,
 # TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalization", "BatchNormalizationGrad",
@@ -63,7 +63,7 @@ MODELLED_OPS = frozenset({
     "LeakyReluGrad", "LessOrEqual", "Log",
     "MatMul", "MaxPool", "MaxPoolGrad", "MaxUnpool", "Mod", "Mul", "Neg", "Pad", "PassThrough",
     "Pow",
-    "QuickGelu",
+    "QuickGelu", "Range",
     "QuickGeluGrad", "Reciprocal", "ReduceMean", "ReduceProd", "ReduceSum", "ReduceSumTraining",
     "Relu",
     "ReluGrad", "ReorderInput", "ReorderOutput", "Reshape", "Scale", "ScatterElements", "Shape",

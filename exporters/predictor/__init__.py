@@ -45,8 +45,8 @@ METHOD = ("graph plan on ORT's optimised graph: execution order, reuse plan, mem
 # tests/wearable_models.py: convolutions, norms, pooling, activations, attention (MatMul,
 # Softmax, Transpose, Gather), embeddings (Range: positions made in forward); and the
 # unoptimised ops of the inference check's model (Erf: GELU before ORT fuses it;
-# ConstantOfShape, Equal, Where: a sparse weight's build before ORT folds it). A cycle with any other operator (recurrent cells,
-# TopK routing) gets no peak claim: `complete` is False.
+# ConstantOfShape, Equal, Where: a sparse weight's build before ORT folds it). A cycle with
+# any other operator (recurrent cells, TopK routing) gets no peak claim: `complete` is False.
 MODELLED_OPS = frozenset({
     "Add", "And", "BatchNormInternal", "BatchNormalization", "BatchNormalizationGrad",
     "BroadcastGradientArgs",

@@ -24,13 +24,12 @@ import onnx
 from edgetrain import names
 from edgetrain.budget import RUNTIME_SCALAR_BYTES, arena_rounded, state_bytes
 from exporters.predictor.cycle import (INFERENCE_BATCH, Run, cycle_activation_bytes, inference_run,
-                                       side_run)
+                                       side_run, step_activation_bytes)
 from exporters.predictor.evaluated import forward_shapes
 from exporters.predictor.inferencegraph import inference_model
 from exporters.predictor.ortgraph import initializer_chunks_bytes, optimized_graph
 from exporters.predictor.plan import StepPlan, plan_step
 from exporters.predictor.shapes import Shapes
-from exporters.predictor.scratch import scratch_bytes
 
 SUPPORTED_ORT_VERSION = "1.19.2"
 ORT_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime")
@@ -168,9 +167,8 @@ def activation_plan(train: str, batch: int, threads: int, known: Shapes | None
                     ) -> tuple[StepPlan, int]:
     """The step's plan with its activation bytes: the memory-pattern block (arena-rounded)
     plus the run-time allocations outside it."""
-    plan = plan_step(train, batch, known)
-    return plan, arena_rounded(plan.pattern_bytes) + scratch_bytes(train, batch, threads, plan,
-                                                                   known)
+    run = Run.of(train, plan_step(train, batch, known), known)
+    return run.plan, step_activation_bytes(run, threads)
 
 
 def claimed_plan(train: str, eval_model: str, batch: int, threads: int
@@ -203,12 +201,13 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
     state = {"parameters": state_bytes(tensors), "gradients": grads,
              "optimizer_state": 2 * grads}
     try:
-        plan, acts = activation_plan(train, batch, threads, known)
-        graphs, unsized = [optimized_graph(train)], plan.unsized
-        if not step_only:
-            acts, more, more_unsized = _cycle(folder, files, plan, trainable,
-                                              tensors, batch, threads, known, batchnorm_role,
-                                              step_first)
+        run = Run.of(train, plan_step(train, batch, known), known)  # the step, sized once
+        graphs, unsized = [optimized_graph(train)], run.plan.unsized
+        if step_only:
+            acts = step_activation_bytes(run, threads)
+        else:
+            acts, more, more_unsized = _cycle(folder, files, run, trainable, tensors, batch,
+                                              threads, known, batchnorm_role, step_first)
             graphs, unsized = graphs + more, unsized + more_unsized
         constants = sum(initializer_chunks_bytes(optimized_graph(str(folder / files[role])))
                         for role in names.MODULE_ROLES)
@@ -231,10 +230,10 @@ def predict(folder: str | Path, trainable, frozen, batch: int, files: dict[str, 
                       batchnorm_pass=batchnorm_role or "")
 
 
-def _cycle(folder: Path, files: dict[str, str], plan: StepPlan, trainable, tensors,
+def _cycle(folder: Path, files: dict[str, str], train_run: Run, trainable, tensors,
            batch: int, threads: int, known: Shapes | None, batchnorm_role: str | None,
            step_first: bool = False):
-    """The step plan's activations over the whole cycle (cycle.py), with the other graphs
+    """The training step's activations over the whole cycle (cycle.py), with the other graphs
     the cycle runs and the tensors of theirs that could not be sized."""
     train, eval_path = (str(folder / files[r]) for r in (names.TRAINING_MODEL, names.EVAL_MODEL))
     chunks = [arena_rounded(t.nbytes) for t in trainable for _ in range(3)]  # dW, m, v
@@ -245,8 +244,8 @@ def _cycle(folder: Path, files: dict[str, str], plan: StepPlan, trainable, tenso
     side_path = None if batchnorm_role is None else str(folder / files[batchnorm_role])
     side = None if side_path is None else side_run(side_path, batch,
                                                   known=known_shapes(side_path, batch))
-    acts = cycle_activation_bytes(Run.of(train, plan, known), eval_pass, threads, chunks, side,
-                                  inference, step_first)
+    acts = cycle_activation_bytes(train_run, eval_pass, threads, chunks, side, inference,
+                                  step_first)
     runs = [inference] + ([side] if side else [])
     return (acts, [optimized_graph(r.path, r.plan.graph_level) for r in runs],
             tuple(u for r in runs for u in r.plan.unsized))

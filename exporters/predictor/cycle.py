@@ -104,6 +104,14 @@ def cycle_activation_bytes(train: Run, eval_pass: Run, threads: int, state_chunk
     return sum(arena.regions) - state_bytes
 
 
+def step_activation_bytes(run: Run, threads: int) -> int:
+    """One run of a session with a memory pattern, alone: its block (arena-rounded) plus the
+    regions its run-time allocations take."""
+    arena = RegionArena()
+    _step(arena, run, threads)
+    return sum(arena.regions)
+
+
 def _step(arena: RegionArena, run: Run, threads: int) -> None:
     """A run of a session with a memory pattern: its block, then its run-time allocations."""
     arena.alloc("memory pattern", arena_rounded(run.plan.pattern_bytes))  # one run's block
@@ -124,4 +132,5 @@ def _open(arena: RegionArena, run: Run, tag: str) -> list[str]:
     return taken
 
 
-__all__ = ["Run", "cycle_activation_bytes", "inference_run", "side_run"]
+__all__ = ["Run", "cycle_activation_bytes", "inference_run", "side_run",
+           "step_activation_bytes"]

@@ -56,6 +56,9 @@ RELU_MASK_SUFFIX = "_relumask"
 SAVED_INT8_SUFFIX = "_saved_int8"
 # A forward node or tensor copied into backward by a recompute plan.
 RECOMPUTE_SUFFIX = "_recompute"
+# A forward node copied to rebuild a checkpoint a plan does not keep (a nested plan):
+# f"{node}{REBUILT_TAG}{RECOMPUTE_SUFFIX}", run once when backward reaches its checkpoints.
+REBUILT_TAG = "_rebuilt"
 # A computed weight's node rebuilt beside one backward reader: f"{node}{REMAT_TAG}{k}.{j}"
 REMAT_TAG = "_remat."
 # The PassThrough nodes that order a plan's copies after a gradient: a segment's, a rebuilt
@@ -89,6 +92,17 @@ def grad_of(name: str) -> str:
 
 def recompute_name(name: str) -> str:
     return f"{name}{RECOMPUTE_SUFFIX}"
+
+
+def rebuilt_name(name: str) -> str:
+    return recompute_name(f"{name}{REBUILT_TAG}")
+
+
+def recomputed_original(name: str) -> str:
+    """The forward tensor a recompute copy stands for (`name` itself if it is none)."""
+    if not is_recompute_name(name):
+        return name
+    return name.removesuffix(RECOMPUTE_SUFFIX).removesuffix(REBUILT_TAG)
 
 
 def is_recompute_name(name: str) -> bool:

@@ -100,20 +100,25 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     budget = max(seg.cost(c) for c in plans) // 2
     req = PlanRequest(tensor_bytes=req.tensor_bytes, node_cost=req.node_cost,
                       max_extra_cost=budget)
-    found = search_optimal(fwd, req, lambda ck: (seg.cost(ck), seg.peak(ck)))
-    assert found.best.predicted_peak_bytes == min(seg.peak(c) for c in plans
+    found = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)))
+    assert found.best.predicted_peak_bytes <= min(seg.peak(c) for c in plans
                                                   if seg.cost(c) <= budget)
+    kept = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)),
+                          nested_s=0)  # without nested plans: the exhaustive optimum
+    assert kept.best.predicted_peak_bytes == min(seg.peak(c) for c in plans
+                                                 if seg.cost(c) <= budget)
     bad = set(plan_optimal(fwd, req)[:1])
 
-    def holes(ck):
-        return seg.peak(ck) + (1000 if bad & set(ck) else 0)
+    def holes(ck, rb=()):
+        return seg.peak(ck, rb) + (1000 if bad & set(ck) else 0)
 
-    found = search_optimal(fwd, req, lambda ck: (seg.cost(ck), holes(ck)))
-    assert not found.stopped and seg.cost(found.best.checkpoints) <= budget
-    assert found.best.predicted_peak_bytes == holes(found.best.checkpoints)
+    found = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), holes(ck, rb)))
+    best = found.best
+    assert not found.stopped and seg.cost(best.checkpoints, best.rebuilt) <= budget
+    assert best.predicted_peak_bytes == holes(best.checkpoints, best.rebuilt)
     lowest = min(holes(c) for c in pareto_front(fwd, req) if seg.cost(c) <= budget)
     assert found.best.predicted_peak_bytes <= lowest * (1 + PREDICTION_BAND_RATIO)
-    exact = search_optimal(fwd, req, lambda ck: (seg.cost(ck), holes(ck)), band_ratio=0.0)
+    exact = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), holes(ck, rb)), band_ratio=0.0)
     rivals = pareto_front(fwd, req) + neighbours(fwd.cuts, exact.best.checkpoints)
     assert exact.best.predicted_peak_bytes <= min(holes(c) for c in rivals
                                                   if seg.cost(c) <= budget)
@@ -121,7 +126,7 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     pareto = {v for v in values if not any(w[0] <= v[0] and w[1] <= v[1] and w != v
                                            for w in values)}
     assert {(seg.peak(c), seg.cost(c)) for c in pareto_front(fwd, req)} == pareto
-    stopped = search_optimal(fwd, req, lambda ck: (seg.cost(ck), seg.peak(ck)), deadline_s=0)
+    stopped = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)), deadline_s=0)
     assert stopped.stopped and stopped.judged >= 1  # no checkpoints is always judged
 
 
@@ -172,10 +177,10 @@ def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
     sqrt_plan = ranked[-1].checkpoints  # ranked last by the step, but a finalist
     search = Search(ranked[0], len(ranked), False, ranked)
     cycle = {j.checkpoints: 5000 - 100 * k for k, j in enumerate(ranked)}
-    best, how = finalists(search, sqrt_plan, cycle.get)
+    best, how = finalists(search, sqrt_plan, lambda ck, rb: cycle.get(ck))
     assert best.checkpoints == sqrt_plan and best.predicted_peak_bytes == cycle[sqrt_plan]
     assert "whole training cycle" in how
-    best, _ = finalists(search, ("nowhere",), cycle.get)  # sqrt's not judged: 4 finalists
+    best, _ = finalists(search, ("nowhere",), lambda ck, rb: cycle.get(ck))  # sqrt's not judged: 4 finalists
     assert best.checkpoints == ranked[FINALISTS - 1].checkpoints
     assert finalists(search, sqrt_plan, None)[0] == ranked[0]
-    assert finalists(search, sqrt_plan, lambda ck: None)[0] == ranked[0]
+    assert finalists(search, sqrt_plan, lambda ck, rb: None)[0] == ranked[0]

@@ -74,8 +74,11 @@ def write_recompute_plan(graphs: Graphs, ctx: Context) -> int:
         min_saving_bytes=MIN_RECOMPUTE_SAVING_BYTES_PER_THREAD * plan.threads,
         time_ratio=plan.recompute_time_ratio, shipped_costs=costs_of,
         predict_cycle_peak=cycle_peak_of if planner == "optimal" else None)
-    ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.checkpoints,
-                                   recomputed=rplan.recomputed, recompute_note=rplan.note)
+    # a nested plan's rebuilt checkpoints are recomputed tensors: the manifest's checkpoints
+    # are the tensors backward keeps from forward
+    recomputed = rplan.recomputed + tuple(r for r in rplan.rebuilt if r not in rplan.recomputed)
+    ctx.plan = dataclasses.replace(plan, recompute=rplan.planner, checkpoints=rplan.kept(),
+                                   recomputed=recomputed, recompute_note=rplan.note)
     return len(rplan.recomputed)
 
 

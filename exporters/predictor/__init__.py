@@ -157,7 +157,7 @@ def known_shapes(eval_path: str, batch: int, train: str | None = None) -> Shapes
         graph = onnx.load(train, load_external_data=False).graph
         copies = {o for n in graph.node if names.is_recompute_name(n.name) for o in n.output}
         for o in copies:
-            original = o.removesuffix(names.RECOMPUTE_SUFFIX)
+            original = names.recomputed_original(o)
             if o != original and original in shapes and o not in shapes:
                 shapes[o] = shapes[original]
     return shapes

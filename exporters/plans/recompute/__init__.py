@@ -11,6 +11,7 @@ forward pass no longer needs them.
   analysis.py       the forward graph, cut points, segments
   planners.py       PLANNERS: none, sqrt, budget, optimal (on the segment model)
   optimal.py        the optimal planner's search, judged by the static predictor
+  nested.py         its nested plans: checkpoints rebuilt from the kept one before them
   counting.py       FLOPs and predicted time a plan adds (the optimal planner's budget)
   segment_model.py  bytes and FLOPs of a plan; exact search for the budget planner
   rewrite.py        the plan written into the graph
@@ -75,16 +76,18 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
 
     written: dict[tuple, tuple[RecomputePlan, onnx.ModelProto]] = {}
 
-    def write(checkpoints: tuple[str, ...], masked_only: bool = False
-              ) -> tuple[RecomputePlan, onnx.ModelProto]:
+    def write(checkpoints: tuple[str, ...], masked_only: bool = False,
+              rebuilt: tuple[str, ...] = ()) -> tuple[RecomputePlan, onnx.ModelProto]:
         """The plan and its graph (made once per plan: the callers may recognise the graph)."""
-        if (checkpoints, masked_only) not in written:
-            written[checkpoints, masked_only] = rewrite(checkpoints, masked_only)
-        return written[checkpoints, masked_only]
+        if (checkpoints, masked_only, rebuilt) not in written:
+            written[checkpoints, masked_only, rebuilt] = rewrite(checkpoints, masked_only,
+                                                                 rebuilt)
+        return written[checkpoints, masked_only, rebuilt]
 
-    def rewrite(checkpoints: tuple[str, ...], masked_only: bool
+    def rewrite(checkpoints: tuple[str, ...], masked_only: bool, rebuilt: tuple[str, ...]
                 ) -> tuple[RecomputePlan, onnx.ModelProto]:
-        plan = RecomputePlan(planner, checkpoints, recomputed_tensors(fwd, checkpoints))
+        plan = RecomputePlan(planner, checkpoints,
+                             recomputed_tensors(fwd, checkpoints, rebuilt), rebuilt=rebuilt)
         if planner == "none":  # the graph stays exactly as ORT's artifact builder wrote it
             return plan, original
         rewritten = apply(model, plan, renamed)
@@ -96,30 +99,34 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         raise ValueError("the budget planner needs the artifact's predictor")
     predicted: dict[tuple, int | None] = {}
 
-    def predict_peak(checkpoints: tuple[str, ...], masked_only: bool = False) -> int | None:
-        if (checkpoints, masked_only) not in predicted:
-            predicted[checkpoints, masked_only] = predict_model_peak(
-                write(checkpoints, masked_only)[1])
-        return predicted[checkpoints, masked_only]
+    def predict_peak(checkpoints: tuple[str, ...], masked_only: bool = False,
+                     rebuilt: tuple[str, ...] = ()) -> int | None:
+        key = (checkpoints, masked_only, rebuilt)
+        if key not in predicted:
+            predicted[key] = predict_model_peak(write(*key)[1])
+        return predicted[key]
 
-    def predict_lowest(checkpoints: tuple[str, ...]) -> int | None:
+    def predict_lowest(checkpoints: tuple[str, ...], rebuilt: tuple[str, ...] = ()
+                       ) -> int | None:
         """The predicted peak of the better of finish's two ways to write the plan."""
-        both = (predict_peak(checkpoints), predict_peak(checkpoints, True))
+        both = (predict_peak(checkpoints, False, rebuilt), predict_peak(checkpoints, True,
+                                                                        rebuilt))
         return None if None in both else min(both)
 
-    def masked_only(checkpoints: tuple[str, ...]) -> bool:
+    def masked_only(checkpoints: tuple[str, ...], rebuilt: tuple[str, ...] = ()) -> bool:
         """Rebuild only the masked weights in backward, or every computed one: whichever the
         predictor puts lower (only the masked ones without it: rebuilding costs a small
         network more than it frees)."""
         if predict_model_peak is None or planner == "none":
             return True
-        full, only = predict_peak(checkpoints), predict_peak(checkpoints, True)
+        full = predict_peak(checkpoints, False, rebuilt)
+        only = predict_peak(checkpoints, True, rebuilt)
         return full is None or only is not None and only <= full
 
-    def finish(checkpoints: tuple[str, ...], note: str = ""
+    def finish(checkpoints: tuple[str, ...], note: str = "", rebuilt: tuple[str, ...] = ()
                ) -> tuple[RecomputePlan, onnx.ModelProto]:
         """The plan written in, its computed weights rebuilt as masked_only says."""
-        plan, graph = write(checkpoints, masked_only=masked_only(checkpoints))
+        plan, graph = write(checkpoints, masked_only(checkpoints, rebuilt), rebuilt)
         return dataclasses.replace(plan, note=note), graph
 
     req = PlanRequest(budget_bytes=budget_bytes)
@@ -136,11 +143,12 @@ def plan_and_rewrite(original: onnx.ModelProto, planner: str, *, batch: int = 1,
         counted = shipped_costs or (lambda graph: node_costs(graph, batch))
         return finish(*plan_within_time(
             fwd, req, TimeBudget(time_ratio, timing, functools.cache(  # once a plan
-                lambda ck: count_step(counted(write(ck)[1]), timing))),
+                lambda ck, rb=(): count_step(counted(write(ck, rebuilt=rb)[1]), timing))),
             predict_peak if predict_model_peak else None, predict_lowest,
             min_saving_bytes, costs,
-            predict_cycle=(None if predict_cycle_peak is None else lambda ck: predict_cycle_peak(
-                write(ck, masked_only(ck))[1]))))
+            predict_cycle=(None if predict_cycle_peak is None
+                           else lambda ck, rb=(): predict_cycle_peak(
+                               write(ck, masked_only(ck, rb), rb)[1]))))
     plan = plan_forward(fwd, planner, req)
     if planner == "sqrt" and plan.checkpoints and predict_model_peak is not None:
         with_plan, without = predict_lowest(plan.checkpoints), predict_peak((), True)

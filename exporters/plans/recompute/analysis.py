@@ -28,10 +28,18 @@ class RecomputePlan:
     checkpoints: tuple[str, ...]  # kept forward tensors that bound the segments
     recomputed: tuple[str, ...]  # saved tensors rebuilt during backward
     note: str = ""  # why the planner chose what it chose, when that needs saying
+    # checkpoints not kept from forward but rebuilt from the kept one before them when
+    # backward reaches them (a nested plan, rewrite.py); never the last checkpoint
+    rebuilt: tuple[str, ...] = ()
+
+    def kept(self) -> tuple[str, ...]:
+        """The checkpoints held from forward."""
+        return tuple(c for c in self.checkpoints if c not in self.rebuilt)
 
     def to_dict(self) -> dict:
         return {"planner": self.planner, "checkpoints": list(self.checkpoints),
-                "recomputed": list(self.recomputed), "note": self.note}
+                "recomputed": list(self.recomputed), "note": self.note,
+                "rebuilt": list(self.rebuilt)}
 
 
 def analyse(model: onnx.ModelProto, data_input: str = names.INPUT_NAME) -> Forward:
@@ -71,11 +79,13 @@ def segments(fwd: Forward, checkpoints: tuple[str, ...]) -> list[tuple[str | Non
     return out
 
 
-def recomputed_tensors(fwd: Forward, checkpoints: tuple[str, ...]) -> tuple[str, ...]:
-    """Saved tensors inside segments, except each segment's own output checkpoint.
+def recomputed_tensors(fwd: Forward, checkpoints: tuple[str, ...],
+                       rebuilt: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Saved tensors inside segments, except each segment's own output checkpoint unless it
+    is `rebuilt` (a checkpoint backward rebuilds rather than keeps).
 
     The segment after the last checkpoint is never recomputed: backward needs it first."""
-    keep = set(checkpoints)
+    keep = set(checkpoints) - set(rebuilt)
     names_ = []
     for _, _, seg_nodes in segments(fwd, checkpoints):
         for n in seg_nodes:

@@ -46,6 +46,7 @@ from typing import Callable
 
 from exporters.plans.recompute.analysis import Forward
 from exporters.plans.recompute.counting import StepCount, node_time_ns
+from exporters.plans.recompute.nested import NESTED_SEARCH_S, nested_rounds
 from exporters.plans.recompute.planners import PlanRequest, lowest_peak_within, plan_forward
 from exporters.plans.recompute.segment_model import SegmentModel
 from exporters.predictor.steptime import TimeModel
@@ -62,6 +63,7 @@ class Judged:
     extra_cost: int  # the copies' cost (predicted ns), counted on the graph as it ships
     predicted_peak_bytes: int
     model_peak_bytes: int  # the segment model's peak: the tie-break between equal predictions
+    rebuilt: tuple[str, ...] = ()  # checkpoints rebuilt rather than kept (a nested plan)
 
     def rank(self) -> tuple[int, int, int]:
         return self.predicted_peak_bytes, self.model_peak_bytes, self.extra_cost
@@ -79,11 +81,13 @@ def search_optimal(fwd: Forward, req: PlanRequest,
                    judge: Callable[[tuple[str, ...]], tuple[int, int | None]],
                    deadline_s: float = OPTIMAL_SEARCH_S,
                    also: tuple[tuple[str, ...], ...] = (),
-                   band_ratio: float = PREDICTION_BAND_RATIO) -> Search:
+                   band_ratio: float = PREDICTION_BAND_RATIO,
+                   nested_s: float = NESTED_SEARCH_S) -> Search:
     """The plan of lowest predicted peak whose counted FLOPs stay within req.max_extra_cost.
 
-    judge(checkpoints) -> (the copies' cost as shipped, the predicted peak bytes or None
-    when the predictor cannot predict it). `also`: plans judged right after no checkpoints,
+    judge(checkpoints, rebuilt) -> (the copies' cost as shipped, the predicted peak bytes or
+    None when the predictor cannot predict it). After the search over kept checkpoints,
+    nested plans (nested_moves) for up to nested_s seconds more. `also`: plans judged right after no checkpoints,
     before the front (the sqrt plan). Raises ValueError when it cannot predict the graph
     without checkpoints (nothing to compare against)."""
     model = SegmentModel(fwd, req)
@@ -92,19 +96,20 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     seen: dict[tuple[str, ...], Judged | None] = {}
     judged = 0
 
-    def consider(ck: tuple[str, ...]) -> Judged | None:
+    def consider(ck: tuple[str, ...], rb: tuple[str, ...] = ()) -> Judged | None:
         ck = tuple(c for c in fwd.cuts if c in ck)  # one order for one plan
-        if ck in seen:
-            return seen[ck]
-        seen[ck] = None
-        if model.cost(ck) > budget:
+        rb = tuple(c for c in ck if c in rb)
+        if (ck, rb) in seen:
+            return seen[ck, rb]
+        seen[ck, rb] = None
+        if model.cost(ck, rb) > budget:
             return None
         nonlocal judged
-        extra, peak = judge(ck)
+        extra, peak = judge(ck, rb)
         judged += 1
         if extra <= budget and peak is not None:
-            seen[ck] = Judged(ck, extra, peak, model.peak(ck))
-        return seen[ck]
+            seen[ck, rb] = Judged(ck, extra, peak, model.peak(ck, rb), rb)
+        return seen[ck, rb]
 
     def best() -> Judged:
         found = [j for j in seen.values() if j is not None]
@@ -131,6 +136,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
             if found is not None and found.rank() < current.rank():
                 improved = True
         improved = improved and not stopped
+    stopped = nested_rounds(fwd, model, budget, consider, best, nested_s) or stopped
     found = [j for j in seen.values() if j is not None]
     return Search(robust_choice(found, band_ratio), judged, stopped,
                   tuple(sorted(found, key=Judged.rank)))
@@ -178,7 +184,8 @@ def neighbours(cuts: tuple[str, ...], checkpoints: tuple[str, ...]) -> list[tupl
 class TimeBudget:
     ratio: float  # the step's predicted time with the plan over its time without, at most
     model: TimeModel
-    count: Callable[[tuple[str, ...]], StepCount]  # a plan's step, counted as it ships
+    # a plan's step (checkpoints, rebuilt checkpoints), counted as it ships
+    count: Callable[..., StepCount]
 
 
 def finalists(search: Search, also: tuple[str, ...], predict_cycle) -> tuple[Judged, str]:
@@ -193,8 +200,9 @@ def finalists(search: Search, also: tuple[str, ...], predict_cycle) -> tuple[Jud
     if predict_cycle is None:
         return search.best, step
     chosen = list(search.ranked[:FINALISTS])
-    chosen += [j for j in search.ranked if j.checkpoints == also and j not in chosen]
-    cycle = [predict_cycle(j.checkpoints) for j in chosen]
+    chosen += [j for j in search.ranked if (j.checkpoints, j.rebuilt) == (also, ())
+               and j not in chosen]
+    cycle = [predict_cycle(j.checkpoints, j.rebuilt) for j in chosen]
     if None in cycle:
         return search.best, step
     judged = [dataclasses.replace(j, predicted_peak_bytes=c) for j, c in zip(chosen, cycle)]
@@ -209,12 +217,13 @@ FINALISTS = 4  # plans of lowest predicted step peak that the cycle's prediction
 
 def plan_within_time(fwd: Forward, req: PlanRequest, budget: TimeBudget, predict_peak,
                      predict_lowest, min_saving_bytes: int, costs: list, predict_cycle=None
-                     ) -> tuple[tuple[str, ...], str]:
-    """The optimal plan's checkpoints and note: the search above with node costs and the
-    budget in predicted nanoseconds (`costs`: node_costs' rows of the forward graph), or,
-    where the predictor cannot predict the graph, the segment model's optimum within it.
-    predict_peak(ck) / predict_lowest(ck): the predicted step peak of a plan (None: unknown),
-    the latter the lower of its two ways of rebuilding computed weights."""
+                     ) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    """The optimal plan's checkpoints, note and rebuilt checkpoints: the search above with
+    node costs and the budget in predicted nanoseconds (`costs`: node_costs' rows of the
+    forward graph), or, where the predictor cannot predict the graph, the segment model's
+    optimum within it. predict_peak(ck, rebuilt=rb) / predict_lowest(ck, rb): the predicted
+    step peak of a plan (None: unknown), the latter the lower of its two ways of rebuilding
+    computed weights; budget.count(ck, rb) and predict_cycle(ck, rb) take nested plans."""
     if budget.ratio is None or budget.ratio < 1.0:
         raise ValueError(f"the optimal planner needs a time ratio of at least 1.0, not "
                          f"{budget.ratio!r} (--recompute-time)")
@@ -224,39 +233,43 @@ def plan_within_time(fwd: Forward, req: PlanRequest, budget: TimeBudget, predict
                               max_extra_cost=int((budget.ratio - 1.0) * base.step_ns))
     within = f"{budget.ratio:g}x the step's predicted time"
 
-    def added(ck) -> str:
-        c = budget.count(ck)
+    def added(ck, rb=()) -> str:
+        c = budget.count(ck, rb)
         return (f"+{c.time_ratio() - 1:.1%} predicted time, +{c.flops_ratio() - 1:.1%} FLOPs "
                 "recomputed (counted on the graph as it ships)")
     if predict_peak is not None and fwd.cuts:
         sqrt_plan = plan_forward(fwd, "sqrt", req).checkpoints
         try:
-            found = search_optimal(fwd, req, lambda ck: (budget.count(ck).extra_ns,
-                                                         predict_peak(ck)), also=(sqrt_plan,))
+            found = search_optimal(fwd, req, lambda ck, rb: (
+                budget.count(ck, rb).extra_ns, predict_peak(ck, rebuilt=rb)), also=(sqrt_plan,))
         except ValueError:
             found = None
         if found is not None:
             best, cycle_note = finalists(found, sqrt_plan, predict_cycle)
-            none_peak, best_peak = predict_lowest(()), predict_lowest(best.checkpoints)
+            none_peak = predict_lowest(())
+            best_peak = predict_lowest(best.checkpoints, best.rebuilt)
             stopped = (f"; the search stopped after {found.judged} plans at its "
                        f"{OPTIMAL_SEARCH_S:g} s bound" if found.stopped else "")
             if (best.checkpoints and None not in (none_peak, best_peak)
                     and none_peak - best_peak >= min_saving_bytes):
+                nested = (f"; {len(best.rebuilt)} of its {len(best.checkpoints)} checkpoints "
+                          "rebuilt in backward from the kept one before them (a nested plan)"
+                          if best.rebuilt else "")
                 return best.checkpoints, (
                     f"{found.judged} plans judged within {within}; chosen: {cycle_note}; its "
-                    f"predicted step peak {best_peak:,} bytes, {added(best.checkpoints)}"
-                    f"{stopped}")
+                    f"predicted step peak {best_peak:,} bytes, "
+                    f"{added(best.checkpoints, best.rebuilt)}{nested}{stopped}"), best.rebuilt
             kept = "" if none_peak is None else f" ({none_peak:,} bytes)"
             return (), (f"no checkpoints: none of the {found.judged} plans judged within "
                         f"{within} is predicted at least {min_saving_bytes:,} bytes below "
-                        f"keeping every tensor{kept}{stopped}")
+                        f"keeping every tensor{kept}{stopped}"), ()
     plan = _within_counted(fwd, req, plan_forward(fwd, "optimal", req), budget)
     why = ("the predictor cannot predict this graph's peak, so " if predict_peak is not None
            else "")
     return plan, (
         f"{why}the lowest peak of the segment model within {within}: {added(plan)}"
         if plan else f"no checkpoints: {why}no plan that lowers the segment model's peak "
-        f"keeps the step within {within}")
+        f"keeps the step within {within}"), ()
 
 
 OPTIMAL_ROUNDS = 4  # plans the segment model's optimum tries before it settles for a cheaper one

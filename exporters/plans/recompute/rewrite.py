@@ -24,6 +24,10 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
           renamed: dict[str, str] | None = None) -> onnx.ModelProto:
     """Return a copy of the training graph with `plan`'s tensors recomputed in backward.
 
+    A nested plan (plan.rebuilt) keeps only some checkpoints from forward: when backward
+    reaches the segments after a kept checkpoint K, one chain of copies (rebuilt_name) runs
+    forward from K to the rebuilt checkpoints up to the next kept one, and those segments
+    then start from the rebuilt copies (Chen et al.'s recursion, one level deep).
     renamed: tensors removed with Identity nodes -> the tensor that stands for them."""
     renamed = renamed or {}
     m = onnx.ModelProto()
@@ -31,35 +35,45 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
     if not plan.recomputed:
         return m
     fwd = analyse(m)
-    wanted = set(plan.recomputed)
-    new_nodes: list[onnx.NodeProto] = []
-    rename: dict[str, str] = {}
+    rebuilt = set(plan.rebuilt)
+    wanted = set(plan.recomputed) - rebuilt
     made = {o for n in m.graph.node for o in n.output}
     alias = {o: n.input[k] for n in m.graph.node if n.op_type == "PassThrough"
              and not is_backward(n) for k, o in enumerate(n.output) if k < len(n.input)}
-    for s, (src, out, seg_nodes) in enumerate(segments(fwd, plan.checkpoints)):
-        targets = [o for n in seg_nodes for o in n.output if o in wanted]
-        if not targets:
-            continue
-        needed = {n.name for n in ancestors(targets, seg_nodes)}
-        start = src if src is not None else names.INPUT_NAME
-        grad = gradient_name(out, renamed, made, alias)
-        dependency = gradient_dependency(m, s, start, grad)
-        new_nodes.append(dependency)
-        local = {start: dependency.output[0]}
-        for n in seg_nodes:
-            if n.name not in needed:
+    segs = segments(fwd, plan.checkpoints)
+    if segs and segs[-1][1] in rebuilt:
+        raise ValueError(f"recompute: the last checkpoint {segs[-1][1]!r} cannot be rebuilt; "
+                         "backward needs it before any other")
+    new_nodes: list[onnx.NodeProto] = []
+    rename: dict[str, str] = {}
+    starts: dict[str, str] = {}  # rebuilt checkpoint -> its chain copy
+    read = {x for n in m.graph.node if is_backward(n) for x in n.input}
+    for first, last in _groups(segs, rebuilt):
+        group = segs[first:last + 1]
+        # a rebuilt checkpoint backward reads, or that starts copies: one no node would read
+        # would be held to the end of the step (drop_unread_optional_outputs)
+        chained = [src for src, _, seg_nodes in group[1:] if src in read or any(
+            o in wanted for n in seg_nodes for o in n.output)]
+        if chained:  # the chain that rebuilds the group's checkpoints, once
+            nodes = [n for _, _, seg_nodes in group[:-1] for n in seg_nodes]
+            grad = gradient_name(group[-1][1], renamed, made, alias)
+            dependency = gradient_dependency(m, f"{first}.chain", _start(group[0][0]), grad)
+            new_nodes.append(dependency)
+            local = {_start(group[0][0]): dependency.output[0]}
+            new_nodes += _copies(nodes, chained, local, names.rebuilt_name)
+            starts.update({r: local[r] for r in chained})
+            rename.update({r: local[r] for r in chained})
+        for s, (src, out, seg_nodes) in enumerate(group, start=first):
+            targets = [o for n in seg_nodes for o in n.output if o in wanted]
+            if not targets:
                 continue
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.name = names.recompute_name(n.name)
-            for k, x in enumerate(copy.input):
-                copy.input[k] = local.get(x, x)
-            for k, o in enumerate(copy.output):
-                if o:
-                    local[o] = copy.output[k] = names.recompute_name(o)
-            new_nodes.append(copy)
-        rename.update({t: local[t] for t in targets})
+            start = _start(src)
+            grad = gradient_name(out, renamed, made, alias)
+            dependency = gradient_dependency(m, s, starts.get(start, start), grad)
+            new_nodes.append(dependency)
+            local = {start: dependency.output[0]}
+            new_nodes += _copies(seg_nodes, targets, local, names.recompute_name)
+            rename.update({t: local[t] for t in targets})
     for n in m.graph.node:
         if is_backward(n):
             for k, x in enumerate(n.input):
@@ -67,9 +81,45 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
                     n.input[k] = rename[x]
     m.graph.node.extend(new_nodes)
     declare_like(m, new_nodes, lambda n, k, o: n.input[k] if n.op_type == "PassThrough"
-                 else o.removesuffix(names.RECOMPUTE_SUFFIX))
+                 else names.recomputed_original(o))
     drop_unread_optional_outputs(m, set(rename))
     return m
+
+
+def _start(src: str | None) -> str:
+    return src if src is not None else names.INPUT_NAME
+
+
+def _groups(segs: list, rebuilt: set[str]) -> list[tuple[int, int]]:
+    """(first, last) segment index of each run of segments whose later ones start at a
+    rebuilt checkpoint: a kept checkpoint (or the input) and what backward rebuilds from it."""
+    out: list[list[int]] = []
+    for s, (src, _, _) in enumerate(segs):
+        if out and src in rebuilt:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return [(a, b) for a, b in out]
+
+
+def _copies(nodes: list, targets: list[str], local: dict[str, str], rename) -> list:
+    """Copies of the `nodes` that `targets` need, reading `local`'s stand-ins (updated with
+    the copies' outputs); node and tensor names through `rename`."""
+    needed = {n.name for n in ancestors(targets, nodes)}
+    out = []
+    for n in nodes:
+        if n.name not in needed:
+            continue
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.name = rename(n.name)
+        for k, x in enumerate(copy.input):
+            copy.input[k] = local.get(x, x)
+        for k, o in enumerate(copy.output):
+            if o:
+                local[o] = copy.output[k] = rename(o)
+        out.append(copy)
+    return out
 
 
 def drop_unread_optional_outputs(m: onnx.ModelProto, candidates: set[str]) -> list[str]:
@@ -120,7 +170,7 @@ def gradient_name(tensor: str, renamed: dict[str, str], made: set[str],
     return grad
 
 
-def gradient_dependency(m: onnx.ModelProto, s: int, tensor: str, grad: str) -> onnx.NodeProto:
+def gradient_dependency(m: onnx.ModelProto, s: int | str, tensor: str, grad: str) -> onnx.NodeProto:
     """PassThrough(tensor, grad): output 0 is an alias of `tensor` that ORT runs only after
     `grad` exists.
 

@@ -36,7 +36,7 @@ class SegmentModel:
             self._saved_prefix.append(self._saved_prefix[-1] + b)
         self._largest = [max([size.get(o, 0) for o in n.output if o] + [0]) for n in nodes]
         self._node_cost = [req.node_cost.get(n.name, 0) for n in nodes]
-        self._cost: dict[tuple[int, int], int] = {}
+        self._cost: dict[tuple, int] = {}
 
     def _bounds(self, a: int, b: int | None) -> tuple[int, int]:
         """Node index range [lo, hi) of the segment after cut a (-1: start) up to cut b
@@ -65,19 +65,44 @@ class SegmentModel:
     def _index(self, checkpoints: tuple[str, ...]) -> list[int]:
         return sorted(self.fwd.cuts.index(c) for c in checkpoints)
 
-    def peak(self, checkpoints: tuple[str, ...]) -> int:
-        """The model's activation peak for a plan."""
-        chosen, prefix, peak, a = self._index(checkpoints), 0, 0, -1
+    def peak(self, checkpoints: tuple[str, ...], rebuilt: tuple[str, ...] = ()) -> int:
+        """The model's activation peak for a plan. A `rebuilt` checkpoint (a nested plan,
+        rewrite.py) is alive only while backward is between the kept checkpoint before it
+        and the next kept one."""
+        chosen, prefix, group, peak, a = self._index(checkpoints), 0, 0, 0, -1
+        nested = {self.fwd.cuts.index(c) for c in rebuilt}
         for b in chosen + [None]:
-            peak = max(peak, prefix + self.segment_bytes(a, b))
+            peak = max(peak, prefix + group + self.segment_bytes(a, b))
             if b is not None:
-                prefix += self.cut_bytes[b]
+                if b in nested:
+                    group += self.cut_bytes[b]
+                else:
+                    prefix, group = prefix + self.cut_bytes[b], 0
                 a = b
         return peak
 
-    def cost(self, checkpoints: tuple[str, ...]) -> int:
+    def cost(self, checkpoints: tuple[str, ...], rebuilt: tuple[str, ...] = ()) -> int:
+        """The cost of a plan's copies: each segment's, and for a nested plan each chain that
+        rebuilds checkpoints (from the kept one before them to the last of them)."""
         chosen = self._index(checkpoints)
-        return sum(self.segment_cost(a, b) for a, b in zip([-1] + chosen, chosen))
+        nested = {self.fwd.cuts.index(c) for c in rebuilt}
+        total = sum(self.segment_cost(a, b) for a, b in zip([-1] + chosen, chosen))
+        for k, b in enumerate(chosen):
+            after = chosen[k + 1] if k + 1 < len(chosen) else None
+            if b in nested and after not in nested:  # the last rebuilt of its group
+                kept = [c for c in chosen[:k] if c not in nested]
+                total += self.chain_cost(kept[-1] if kept else -1, b)
+        return total
+
+    def chain_cost(self, a: int, b: int) -> int:
+        """The cost of the nodes that rebuild cut b from cut a (-1: the input)."""
+        if ("chain", a, b) not in self._cost:
+            lo, hi = self._bounds(a, b)
+            seg = list(self.fwd.nodes[lo:hi])
+            needed = {n.name for n in ancestors([self.fwd.cuts[b]], seg)}
+            self._cost[("chain", a, b)] = sum(self._node_cost[lo + k]
+                                              for k, n in enumerate(seg) if n.name in needed)
+        return self._cost[("chain", a, b)]
 
     def cheapest_within(self, peak_bytes: int) -> tuple[str, ...] | None:
         """The cheapest plan whose model peak is at most peak_bytes (None: none is)."""

@@ -118,7 +118,8 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     assert best.predicted_peak_bytes == holes(best.checkpoints, best.rebuilt)
     lowest = min(holes(c) for c in pareto_front(fwd, req) if seg.cost(c) <= budget)
     assert found.best.predicted_peak_bytes <= lowest * (1 + PREDICTION_BAND_RATIO)
-    exact = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), holes(ck, rb)), band_ratio=0.0)
+    exact = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), holes(ck, rb)),
+                           band_ratio=0.0)
     rivals = pareto_front(fwd, req) + neighbours(fwd.cuts, exact.best.checkpoints)
     assert exact.best.predicted_peak_bytes <= min(holes(c) for c in rivals
                                                   if seg.cost(c) <= budget)
@@ -126,7 +127,8 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     pareto = {v for v in values if not any(w[0] <= v[0] and w[1] <= v[1] and w != v
                                            for w in values)}
     assert {(seg.peak(c), seg.cost(c)) for c in pareto_front(fwd, req)} == pareto
-    stopped = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)), deadline_s=0)
+    stopped = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)),
+                             deadline_s=0)
     assert stopped.stopped and stopped.judged >= 1  # no checkpoints is always judged
 
 
@@ -180,7 +182,8 @@ def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
     best, how = finalists(search, sqrt_plan, lambda ck, rb: cycle.get(ck))
     assert best.checkpoints == sqrt_plan and best.predicted_peak_bytes == cycle[sqrt_plan]
     assert "whole training cycle" in how
-    best, _ = finalists(search, ("nowhere",), lambda ck, rb: cycle.get(ck))  # sqrt's not judged: 4 finalists
+    # sqrt's not judged: 4 finalists
+    best, _ = finalists(search, ("nowhere",), lambda ck, rb: cycle.get(ck))
     assert best.checkpoints == ranked[FINALISTS - 1].checkpoints
     assert finalists(search, sqrt_plan, None)[0] == ranked[0]
     assert finalists(search, sqrt_plan, lambda ck, rb: None)[0] == ranked[0]

@@ -87,9 +87,9 @@ def search_optimal(fwd: Forward, req: PlanRequest,
 
     judge(checkpoints, rebuilt) -> (the copies' cost as shipped, the predicted peak bytes or
     None when the predictor cannot predict it). After the search over kept checkpoints,
-    nested plans (nested_moves) for up to nested_s seconds more. `also`: plans judged right after no checkpoints,
-    before the front (the sqrt plan). Raises ValueError when it cannot predict the graph
-    without checkpoints (nothing to compare against)."""
+    nested plans (nested.py) for up to nested_s seconds more. `also`: plans judged right
+    after no checkpoints, before the front (the sqrt plan). Raises ValueError when it cannot
+    predict the graph without checkpoints (nothing to compare against)."""
     model = SegmentModel(fwd, req)
     budget = req.max_extra_cost
     start = time.monotonic()

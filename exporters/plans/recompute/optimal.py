@@ -78,7 +78,7 @@ class Search:
 
 
 def search_optimal(fwd: Forward, req: PlanRequest,
-                   judge: Callable[[tuple[str, ...]], tuple[int, int | None]],
+                   judge: Callable[[tuple[str, ...], tuple[str, ...]], tuple[int, int | None]],
                    deadline_s: float = OPTIMAL_SEARCH_S,
                    also: tuple[tuple[str, ...], ...] = (),
                    band_ratio: float = PREDICTION_BAND_RATIO,
@@ -93,7 +93,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     model = SegmentModel(fwd, req)
     budget = req.max_extra_cost
     start = time.monotonic()
-    seen: dict[tuple[str, ...], Judged | None] = {}
+    seen: dict[tuple[tuple[str, ...], tuple[str, ...]], Judged | None] = {}  # (ck, rebuilt)
     judged = 0
 
     def consider(ck: tuple[str, ...], rb: tuple[str, ...] = ()) -> Judged | None:
@@ -248,8 +248,9 @@ def plan_within_time(fwd: Forward, req: PlanRequest, budget: TimeBudget, predict
             best, cycle_note = finalists(found, sqrt_plan, predict_cycle)
             none_peak = predict_lowest(())
             best_peak = predict_lowest(best.checkpoints, best.rebuilt)
-            stopped = (f"; the search stopped after {found.judged} plans at its "
-                       f"{OPTIMAL_SEARCH_S:g} s bound" if found.stopped else "")
+            stopped = (f"; the search stopped after {found.judged} plans at a time bound "
+                       f"({OPTIMAL_SEARCH_S:g} s, then {NESTED_SEARCH_S:g} s for nested plans)"
+                       if found.stopped else "")
             if (best.checkpoints and None not in (none_peak, best_peak)
                     and none_peak - best_peak >= min_saving_bytes):
                 nested = (f"; {len(best.rebuilt)} of its {len(best.checkpoints)} checkpoints "

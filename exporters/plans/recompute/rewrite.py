@@ -45,8 +45,7 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
         raise ValueError(f"recompute: the last checkpoint {segs[-1][1]!r} cannot be rebuilt; "
                          "backward needs it before any other")
     new_nodes: list[onnx.NodeProto] = []
-    rename: dict[str, str] = {}
-    starts: dict[str, str] = {}  # rebuilt checkpoint -> its chain copy
+    rename: dict[str, str] = {}  # recomputed tensor (rebuilt checkpoints too) -> its copy
     read = {x for n in m.graph.node if is_backward(n) for x in n.input}
     for first, last in _groups(segs, rebuilt):
         group = segs[first:last + 1]
@@ -61,7 +60,6 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
             new_nodes.append(dependency)
             local = {_start(group[0][0]): dependency.output[0]}
             new_nodes += _copies(nodes, chained, local, names.rebuilt_name)
-            starts.update({r: local[r] for r in chained})
             rename.update({r: local[r] for r in chained})
         for s, (src, out, seg_nodes) in enumerate(group, start=first):
             targets = [o for n in seg_nodes for o in n.output if o in wanted]
@@ -69,7 +67,8 @@ def apply(model: onnx.ModelProto, plan: RecomputePlan,
                 continue
             start = _start(src)
             grad = gradient_name(out, renamed, made, alias)
-            dependency = gradient_dependency(m, s, starts.get(start, start), grad)
+            # a kept checkpoint is never renamed; a rebuilt one starts from its chain copy
+            dependency = gradient_dependency(m, s, rename.get(start, start), grad)
             new_nodes.append(dependency)
             local = {start: dependency.output[0]}
             new_nodes += _copies(seg_nodes, targets, local, names.recompute_name)

@@ -9,14 +9,15 @@ saved); the recompute plan is made
 after the gradient kernels are rewritten (its copies start from them) and before the masked
 pointwise gradients (the mask-gradient graph needs the dense ones); the eval fixes read the
 final training graph; NCHWc comes last, so it also takes the recompute copies and the
-depthwise input-gradient Convs. `describe()` prints the table docs/concepts.md draws.
+depthwise input-gradient Convs; the pointwise weight gradients are declared after every
+rewrite of a ConvGrad. `describe()` prints the table docs/concepts.md draws.
 """
 from __future__ import annotations
 
 from exporters.passes import (batchnormstats, convbn, densebuild, depthwisegrad, evalfixes,
                               frozenconvgrad, int8saved, maskgrad, nchwc, pointwisegrad,
                               recompute, recurrentgrads, relugrad, scatterindices, sparsegrad,
-                              stackedgrad)
+                              stackedgrad, weightgradshapes)
 from exporters.passes.pipeline import Context, Graphs, Pass, run_passes
 
 FORWARD_PASSES: tuple[Pass, ...] = (
@@ -39,6 +40,7 @@ ARTIFACT_PASSES: tuple[Pass, ...] = (
     densebuild.PASS,
     pointwisegrad.PASS,
     stackedgrad.PASS,
+    weightgradshapes.PASS,
     nchwc.PASS,
 )
 

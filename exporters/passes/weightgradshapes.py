@@ -14,13 +14,14 @@ The pass declares, for each ConvGrad of a convolution with a 1 x 1 kernel whose 
 shape the graph states, the weight gradient with the weight's shape and the bias gradient
 with the weight's first dimension. ORT then lays the pointwise weight gradients out in its
 memory pattern, where they take a gap between activations that are live at the time
-(ResNet-50, `--recompute optimal`: 4.2 MB fewer activation bytes predicted, the pattern
-block unchanged). The weight gradients of larger kernels stay run-time allocations: their
-convolution's ConvGrad allocates a column buffer at run time anyway, which reuses the
-region a weight gradient opened; declared too, ResNet-50's peak rose (last block's 9.4 MB
-weight gradient in the pattern at the step's busiest moment; the column buffers opening
-regions of their own). ConvGrads the earlier passes rewrote into products (pointwisegrad.py,
-depthwisegrad.py) declare their shapes already; the values computed are unchanged.
+(ResNet-50, `--recompute optimal`: 4.2 MB fewer activation bytes measured, as predicted, the
+pattern block unchanged; docs/concepts.md). The weight gradients of larger kernels stay
+run-time allocations: their convolution's ConvGrad allocates a column buffer at run time
+anyway, which reuses the region a weight gradient opened; declared too, ResNet-50's peak
+rose (the last block's 9.4 MB weight gradient in the pattern at the step's busiest moment;
+the column buffers opening regions of their own). ConvGrads the earlier passes rewrote into
+products (pointwisegrad.py, depthwisegrad.py) declare their shapes already; the values
+computed are unchanged.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def declare_pointwise_weight_grads(model: onnx.ModelProto) -> int:
     the graph states and whose gradients it does not; returns how many were declared."""
     graph = model.graph
     shapes = stated_shapes(model)
-    itemsize = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info]}
-    itemsize.update({t.name: t.data_type for t in graph.initializer})
+    elem_types = {v.name: v.type.tensor_type.elem_type
+                  for v in [*graph.input, *graph.value_info]}
+    elem_types.update({t.name: t.data_type for t in graph.initializer})
     declared = 0
     for node in graph.node:
         if node.op_type != "ConvGrad" or len(node.input) < 3:
@@ -45,7 +47,7 @@ def declare_pointwise_weight_grads(model: onnx.ModelProto) -> int:
         dims = shapes.get(node.input[2])
         if not dims or len(dims) < 3 or None in dims or any(d != 1 for d in dims[2:]):
             continue
-        elem = itemsize.get(node.input[2], onnx.TensorProto.FLOAT)
+        elem = elem_types.get(node.input[2], onnx.TensorProto.FLOAT)
         for k, shape in ((1, dims), (2, dims[:1])):
             out = node.output[k] if len(node.output) > k else ""
             if out and out not in shapes:

@@ -158,6 +158,15 @@ def stated_shapes(model: onnx.ModelProto) -> dict[str, list]:
     return shapes
 
 
+def stated_elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every tensor's ONNX element type the graph states (inputs, value_info; initializers
+    over them)."""
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    return types
+
+
 def int64_constant(graph: onnx.GraphProto, name: str, values) -> str:
     """`name`, an int64 initializer holding `values` (a shape, axes, pads), added to `graph`
     unless it is there already: rewrites share one per name."""

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from exporters.graph import attributes
+from exporters.graph import attributes, stated_elem_types
 from exporters.passes.pipeline import Context, Graphs, Pass
 from exporters.predictor.shapes import tensor_shapes
 
@@ -99,9 +99,7 @@ def rewrite_dense_builds(model: onnx.ModelProto, shapes: dict) -> int:
     place; the Expands (and their zero chains) no one else reads are dropped. shapes: name ->
     shape (ONNX's). Returns how many builds were rewritten."""
     producers = {o: n for n in model.graph.node for o in n.output if o}
-    types = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input)
-             + list(model.graph.value_info)}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
+    types = stated_elem_types(model)
     out, count, expands = [], 0, []
     for node in model.graph.node:
         found = _dense_build(model, producers, node, shapes)

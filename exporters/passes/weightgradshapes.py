@@ -28,7 +28,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from exporters.graph import stated_shapes
+from exporters.graph import stated_elem_types, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 
@@ -37,9 +37,7 @@ def declare_pointwise_weight_grads(model: onnx.ModelProto) -> int:
     the graph states and whose gradients it does not; returns how many were declared."""
     graph = model.graph
     shapes = stated_shapes(model)
-    elem_types = {v.name: v.type.tensor_type.elem_type
-                  for v in [*graph.input, *graph.value_info]}
-    elem_types.update({t.name: t.data_type for t in graph.initializer})
+    elem_types = stated_elem_types(model)
     declared = 0
     for node in graph.node:
         if node.op_type != "ConvGrad" or len(node.input) < 3:

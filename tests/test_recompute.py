@@ -312,11 +312,15 @@ def test_budget_recompute_twins_try_larger_micro_batches_until_one_does_not_fit(
 
 
 def pooled_bn_net(seed: int = 0) -> nn.Module:
-    """A stem with a MaxPool, then convolutions with BatchNorms (folded when frozen)."""
+    """A stem with a MaxPool, then convolutions with BatchNorms (folded when frozen), wide
+    enough that rebuilding every folded weight in backward is predicted clearly lower than
+    rebuilding none (5% on an AVX2 host). With 8 and 16 channels the two were 0.9% apart, and
+    on an AVX2 EPYC (the predictor plans ORT's graph as this host optimises it) the predictor
+    chose the other way, which this test does not mean to test."""
     torch.manual_seed(seed)
     layers = [nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]
     c = 8
-    for cout in (8, 16, 16, 16):
+    for cout in (16, 32, 32, 32):
         layers += [nn.Conv2d(c, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
         c = cout
     net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 4))
@@ -335,7 +339,7 @@ def test_recompute_frees_folded_weights_and_unread_pool_indices(tmp_path):
         arts[planner] = tmp_path / planner
         plans[planner] = export_artifact(
             pooled_bn_net(), torch.zeros(2, 3, 32, 32), arts[planner], classes=list("abcd"),
-            plan=Plan(micro_batch=4), recompute=planner, freeze_batchnorm=True).plan
+            plan=Plan(micro_batch=2), recompute=planner, freeze_batchnorm=True).plan
     graph = onnx.load(str(arts["sqrt"] / "training_model.onnx")).graph
     assert any(t.endswith("_mask") or "MaxPool" in t for t in plans["sqrt"].recomputed)
     pools = [n for n in graph.node if n.op_type == "MaxPool"]

@@ -132,9 +132,9 @@ def _reuse_plan(model, nodes, order, symb: SymbolicShapes, memory_reuse: bool) -
                 share(x, o)
                 continue
             dims, item = symb.get(o, (None, 0))
-            match = next((j for j, f in enumerate(free) if memory_reuse and dims
-                          and symb.get(f, (None, 0))[1]
-                          == item and same_shape(symb.get(f, (None, 0))[0], dims)), None)
+            match = None if not (memory_reuse and dims) else next(
+                (j for j, f in enumerate(free) if symb.get(f, (None, 0))[1] == item
+                 and same_shape(symb.get(f, (None, 0))[0], dims)), None)
             if match is not None:
                 share(free.pop(match), o)
                 continue

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-from exporters.graph import ancestors
 from exporters.plans.recompute.analysis import Forward
 
 if TYPE_CHECKING:  # planners.py imports this module
@@ -54,13 +53,22 @@ class SegmentModel:
         """The cost of the copies that rebuild segment (a, b]'s saved tensors."""
         if (a, b) not in self._cost:
             lo, hi = self._bounds(a, b)
-            seg = list(self.fwd.nodes[lo:hi])
             out = self.fwd.cuts[b]
-            targets = [o for n in seg for o in n.output if o in self.fwd.saved and o != out]
-            needed = {n.name for n in ancestors(targets, seg)}
-            self._cost[(a, b)] = sum(self._node_cost[lo + k] for k, n in enumerate(seg)
-                                     if n.name in needed)
+            targets = [o for n in self.fwd.nodes[lo:hi] for o in n.output
+                       if o in self.fwd.saved and o != out]
+            self._cost[(a, b)] = self._cost_of_computing(targets, lo, hi)
         return self._cost[(a, b)]
+
+    def _cost_of_computing(self, targets: list[str], lo: int, hi: int) -> int:
+        """The cost of the nodes among [lo, hi) that compute `targets` (their ancestors there):
+        one walk back over the range, the forward nodes being in execution order."""
+        wanted, total = set(targets), 0
+        for k in range(hi - 1, lo - 1, -1):
+            n = self.fwd.nodes[k]
+            if any(o in wanted for o in n.output if o):
+                total += self._node_cost[k]
+                wanted.update(x for x in n.input if x)
+        return total
 
     def _index(self, checkpoints: tuple[str, ...]) -> list[int]:
         return sorted(self.fwd.cuts.index(c) for c in checkpoints)
@@ -98,10 +106,7 @@ class SegmentModel:
         """The cost of the nodes that rebuild cut b from cut a (-1: the input)."""
         if ("chain", a, b) not in self._cost:
             lo, hi = self._bounds(a, b)
-            seg = list(self.fwd.nodes[lo:hi])
-            needed = {n.name for n in ancestors([self.fwd.cuts[b]], seg)}
-            self._cost[("chain", a, b)] = sum(self._node_cost[lo + k]
-                                              for k, n in enumerate(seg) if n.name in needed)
+            self._cost[("chain", a, b)] = self._cost_of_computing([self.fwd.cuts[b]], lo, hi)
         return self._cost[("chain", a, b)]
 
     def cheapest_within(self, peak_bytes: int) -> tuple[str, ...] | None:

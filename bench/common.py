@@ -86,13 +86,14 @@ def read_stamped(name: str) -> dict | None:
 
 
 def row_stamps(doc: dict) -> list[dict]:
-    """Where each row of a stamped file was measured: the row's own commit, date and machine
-    where it carries a commit (rows of a run continued at another commit, or a report's rows
-    from runs of other days), else the file's."""
+    """Where and by what each row of a stamped file was measured: the row's own commit, date,
+    machine and command where it carries a commit (rows of a run continued at another commit,
+    a heavy or light part kept from the other part's run, or a report's rows from runs of other
+    days; a row kept before rows carried their command has none), else the file's."""
     rows = doc["results"]
     if isinstance(rows, dict):
         rows = list(rows.values())
-    keys = ("commit", "date", "machine")
+    keys = ("commit", "date", "machine", "command")
     base = {k: doc["stamp"].get(k) for k in keys}
     out = []
     for r in rows if isinstance(rows, list) else []:
@@ -112,7 +113,7 @@ def measured_at(names: list[str], why_mixed: str | None = None) -> str:
         raise SystemExit(f"no results for {', '.join(missing)} under {RESULTS}: run the bench "
                          "first (bench/all.py --list names the one that writes each)")
     stamps = [s for d in docs.values() for s in row_stamps(d)]
-    commands = [d["stamp"]["command"] for d in docs.values() if d["stamp"].get("command")]
+    commands = list(dict.fromkeys(s["command"] for s in stamps if s.get("command")))
     return measured_line(stamps, commands, why_mixed, ", ".join(names))
 
 

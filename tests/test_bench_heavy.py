@@ -15,9 +15,10 @@ import heavy  # noqa: E402
 import steps  # noqa: E402
 
 
-def at(monkeypatch, commit: str) -> None:
+def at(monkeypatch, commit: str, command: str = "bench/r.py") -> None:
     monkeypatch.setattr(common, "stamp", lambda: {"commit": commit, "date": "2026-11-28",
                                                   "machine": "a CPU, 2 cores"})
+    monkeypatch.setattr(common, "command_line", lambda: command)
 
 
 @pytest.fixture
@@ -36,7 +37,8 @@ def test_each_part_keeps_the_other_with_the_commit_it_was_measured_at(results, m
     at(monkeypatch, "bbb0002")  # a default run: imu_cnn measured again, ResNet-50 kept
     kept = heavy.kept_rows("r", False, net)
     assert kept == [{"network": "resnet50", "v": 1, "commit": "aaa0001",
-                     "date": "2026-11-28", "machine": "a CPU, 2 cores"}]
+                     "date": "2026-11-28", "machine": "a CPU, 2 cores",
+                     "command": "bench/r.py"}]
     common.save_results("r", [{"network": "imu_cnn", "v": 3}, *kept])
     stamps = common.row_stamps(common.read_stamped("r"))
     assert [s["commit"] for s in stamps] == ["bbb0002", "aaa0001"]
@@ -46,7 +48,20 @@ def test_each_part_keeps_the_other_with_the_commit_it_was_measured_at(results, m
     at(monkeypatch, "ccc0003")  # a --heavy run keeps imu_cnn's row, stamped bbb0002
     assert heavy.kept_rows("r", True, net) == [{"network": "imu_cnn", "v": 3,
                                                 "commit": "bbb0002", "date": "2026-11-28",
-                                                "machine": "a CPU, 2 cores"}]
+                                                "machine": "a CPU, 2 cores",
+                                                "command": "bench/r.py"}]
+
+
+def test_the_line_names_the_command_of_each_part(results, monkeypatch):
+    """A --heavy run keeps the other rows with the command that measured them: the table's
+    line names both commands, not the last run's alone."""
+    common.save_results("r", [{"network": "resnet50", "v": 1}, {"network": "imu_cnn", "v": 2}])
+    at(monkeypatch, "aaa0001", "bench/r.py --heavy")
+    common.save_results("r", [{"network": "resnet50", "v": 3},
+                              *heavy.kept_rows("r", True, net)])
+    line = common.measured_at(["r"], heavy.why_mixed("r", net))
+    assert line.startswith("Measured at commit `aaa0001`")
+    assert line.endswith("; `bench/r.py --heavy`, `bench/r.py`.")
 
 
 def test_rows_kept_from_a_file_without_a_commit_stay_not_recorded(results, monkeypatch):
@@ -54,7 +69,7 @@ def test_rows_kept_from_a_file_without_a_commit_stay_not_recorded(results, monke
                                                   {"network": "imu_cnn", "v": 2}]))
     kept = heavy.kept_rows("old", False, net)
     assert kept == [{"network": "resnet50", "v": 1, "commit": "not recorded", "date": None,
-                     "machine": None}]
+                     "machine": None, "command": None}]
     common.save_results("old", [{"network": "imu_cnn", "v": 3}, *kept])
     line = common.measured_at(["old"], heavy.why_mixed("old", net))
     assert line.startswith("Measured at commits `aaa0001`, `not recorded` (the ResNet-50 rows")

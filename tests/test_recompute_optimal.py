@@ -104,7 +104,7 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     assert found.best.predicted_peak_bytes <= min(seg.peak(c) for c in plans
                                                   if seg.cost(c) <= budget)
     kept = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)),
-                          nested_s=0)  # without nested plans: the exhaustive optimum
+                          nested_plans=0)  # without nested plans: the exhaustive optimum
     assert kept.best.predicted_peak_bytes == min(seg.peak(c) for c in plans
                                                  if seg.cost(c) <= budget)
     bad = set(plan_optimal(fwd, req)[:1])
@@ -129,7 +129,15 @@ def test_the_search_finds_the_exhaustive_optimum_of_its_judge(seed):
     assert {(seg.peak(c), seg.cost(c)) for c in pareto_front(fwd, req)} == pareto
     stopped = search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb), seg.peak(ck, rb)),
                              deadline_s=0)
-    assert stopped.stopped and stopped.judged >= 1  # no checkpoints is always judged
+    assert stopped.stopped and stopped.timed_out
+    assert stopped.judged >= 1  # no checkpoints is always judged
+    for bound in (1, 3, 5):  # a count bound: the same plans judged on any host, at any speed
+        counted = [search_optimal(fwd, req, lambda ck, rb: (seg.cost(ck, rb),
+                                                            seg.peak(ck, rb)),
+                                  max_plans=bound, nested_plans=2) for _ in range(2)]
+        assert all(c.stopped and not c.timed_out for c in counted)
+        assert counted[0].judged == counted[1].judged == bound + 2
+        assert counted[0].ranked == counted[1].ranked
 
 
 def test_within_the_predictors_band_the_lower_model_peak_wins():

@@ -11,18 +11,18 @@ judging each round's most promising moves by the segment model's nested peak
 """
 from __future__ import annotations
 
-import time
+from typing import Callable
 
 from exporters.plans.recompute.analysis import Forward
 from exporters.plans.recompute.segment_model import SegmentModel
 
 
 def nested_rounds(fwd: Forward, model: SegmentModel, budget: int, consider, best,
-                   seconds: float) -> bool:
+                  done: Callable[[], bool]) -> bool:
     """Rounds of nested_moves from the best plan so far, each judging its NESTED_MOVES most
     promising moves (lowest segment-model peak within the budget), while a round improves
-    the best; returns whether the time ran out."""
-    end = time.monotonic() + seconds
+    the best and done() (the search's bound: plans judged, or its time) is False; returns
+    whether the bound ended the rounds."""
     improved = True
     while improved:
         improved = False
@@ -30,10 +30,10 @@ def nested_rounds(fwd: Forward, model: SegmentModel, budget: int, consider, best
         moves = [m for m in nested_moves(fwd.cuts, current.checkpoints, current.rebuilt)
                  if model.cost(*m) <= budget]
         for ck, rb in sorted(moves, key=lambda m: model.peak(*m))[:NESTED_MOVES]:
-            if time.monotonic() > end:
+            if done():
                 return True
             found = consider(ck, rb)
-            if found is not None and found.rank() < current.rank():
+            if found is not None and found.improves_on(current):
                 improved = True
     return False
 
@@ -58,5 +58,5 @@ def nested_moves(cuts: tuple[str, ...], checkpoints: tuple[str, ...],
             if ck and max(ck, key=cuts.index) not in r and (ck, r) != (checkpoints, rebuilt)]
 
 
-NESTED_SEARCH_S = 120.0  # seconds of judging nested plans after the search above
+NESTED_PLANS = 64  # nested plans judged at most, after the search over kept checkpoints
 NESTED_MOVES = 8  # nested moves judged a round, the segment model's most promising first

@@ -180,13 +180,19 @@ def code_commit(root: Path = ROOT) -> str:
 
 
 def stamp() -> dict:
-    """Where a result was measured: the commit (code_commit), the date and the machine."""
+    """Where a result was measured: the commit (code_commit), the date and the machine: its
+    CPU's name, its widest vector extension (one name, "AMD EPYC", was seen with AVX-512 and
+    with AVX2 only; MLAS's kernels and NCHWc block, so ORT's graphs, memory and times, differ
+    between the two) and its cores."""
     commit = code_commit()
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines
                 if line.startswith("model name")), platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in lines
+                      if line.startswith("flags")), []))
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
     return {"commit": commit, "date": datetime.date.today().isoformat(),
-            "machine": f"{cpu}, {os.cpu_count()} cores"}
+            "machine": f"{cpu}{f' ({isa})' if isa else ''}, {os.cpu_count()} cores"}
 
 
 def measure_or_report(name: str, measure, report, description: str | None = None,

@@ -181,7 +181,8 @@ def test_without_a_predictor_the_segment_models_optimum_keeps_within_the_predict
 def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
     """The plans of lowest predicted step peak, and sqrt's, are ranked again by the whole
     cycle's predicted peak; without a cycle prediction the search's answer stands."""
-    from exporters.plans.recompute.optimal import FINALISTS, Search, finalists
+    from exporters.plans.recompute.optimal import Search
+    from exporters.plans.recompute.timebudget import FINALISTS, finalists
 
     ranked = tuple(Judged((f"c{k}",), k, 1000 + 100 * k, 500) for k in range(FINALISTS + 2))
     sqrt_plan = ranked[-1].checkpoints  # ranked last by the step, but a finalist
@@ -195,3 +196,24 @@ def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
     assert best.checkpoints == ranked[FINALISTS - 1].checkpoints
     assert finalists(search, sqrt_plan, None)[0] == ranked[0]
     assert finalists(search, sqrt_plan, lambda ck, rb: None)[0] == ranked[0]
+
+
+def test_nested_rounds_start_from_the_cheapest_plan_of_the_lowest_prediction():
+    """Plans predicted alike (as ResNet-50's best kept plans were) differ in what nesting
+    can add: a rebuilt checkpoint spends time budget, so the nested rounds start from the
+    least costly of them, not from the one of lowest model peak (more checkpoints). Here
+    every plan of two checkpoints or more is predicted alike, and only a nested plan of two
+    is lower: one move from the cheapest start, none from a many-cut one."""
+    fwd, req = _chain_forward([30, 5, 30, 5, 30, 5, 30, 5, 30], [1, 9, 1, 9, 1, 9, 1, 9, 1])
+    seg = SegmentModel(fwd, req)
+    req = PlanRequest(tensor_bytes=req.tensor_bytes, node_cost=req.node_cost,
+                      max_extra_cost=1000)
+
+    def judge(ck, rb):  # as shipped, each checkpoint costs a little more (its PassThrough)
+        peak = 900 if rb and len(ck) == 2 else 1000 if len(ck) >= 2 else 1500
+        return seg.cost(ck, rb) + 10 * len(ck), peak
+
+    found = search_optimal(fwd, req, judge)
+    tied = [j for j in found.ranked if not j.rebuilt and j.predicted_peak_bytes == 1000]
+    assert len({len(j.checkpoints) for j in tied}) > 1  # a cheap start and a many-cut one
+    assert found.best.predicted_peak_bytes == 900 and found.best.rebuilt

@@ -11,6 +11,7 @@ forward pass no longer needs them.
   analysis.py       the forward graph, cut points, segments
   planners.py       PLANNERS: none, sqrt, budget, optimal (on the segment model)
   optimal.py        the optimal planner's search, judged by the static predictor
+  timebudget.py     its answer within a time budget, re-judged by the whole cycle; fallback
   nested.py         its nested plans: checkpoints rebuilt from the kept one before them
   counting.py       FLOPs and predicted time a plan adds (the optimal planner's budget)
   segment_model.py  bytes and FLOPs of a plan; exact search for the budget planner
@@ -36,7 +37,7 @@ from exporters.plans.recompute.analysis import (Forward, RecomputePlan, analyse,
 from exporters.plans.recompute.planners import (PLANNERS, PlanRequest, budget_for_peak,
                                                 headroom_bytes, make_plan, plan_forward)
 from exporters.plans.recompute.counting import count_step
-from exporters.plans.recompute.optimal import TimeBudget, plan_within_time
+from exporters.plans.recompute.timebudget import TimeBudget, plan_within_time
 from exporters.plans.recompute.remat import rematerialize_weights
 from exporters.plans.recompute.rewrite import apply
 from exporters.plans.recompute.segment_model import SegmentModel

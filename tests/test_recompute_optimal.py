@@ -198,10 +198,10 @@ def test_the_finalists_are_rejudged_by_the_whole_cycles_peak():
     assert finalists(search, sqrt_plan, lambda ck, rb: None)[0] == ranked[0]
 
 
-def test_nested_rounds_start_from_the_cheapest_plan_of_the_lowest_prediction():
+def test_nested_rounds_start_from_the_plan_of_fewest_checkpoints_of_the_lowest_prediction():
     """Plans predicted alike (as ResNet-50's best kept plans were) differ in what nesting
-    can add: a rebuilt checkpoint spends time budget, so the nested rounds start from the
-    least costly of them, not from the one of lowest model peak (more checkpoints). Here
+    can add, so the nested rounds start from the one of fewest checkpoints (then least
+    cost), not from the one of lowest model peak (more checkpoints). Here
     every plan of two checkpoints or more is predicted alike, and only a nested plan of two
     is lower: one move from the cheapest start, none from a many-cut one."""
     fwd, req = _chain_forward([30, 5, 30, 5, 30, 5, 30, 5, 30], [1, 9, 1, 9, 1, 9, 1, 9, 1])

@@ -89,7 +89,8 @@ def row_stamps(doc: dict) -> list[dict]:
     """Where and by what each row of a stamped file was measured: the row's own commit, date,
     machine and command where it carries a commit (rows of a run continued at another commit,
     a heavy or light part kept from the other part's run, or a report's rows from runs of other
-    days; a row kept before rows carried their command has none), else the file's."""
+    days), else the file's. A row kept before rows carried their command takes the file's
+    where its commit is the file's, else has none."""
     rows = doc["results"]
     if isinstance(rows, dict):
         rows = list(rows.values())
@@ -98,7 +99,10 @@ def row_stamps(doc: dict) -> list[dict]:
     out = []
     for r in rows if isinstance(rows, list) else []:
         own = isinstance(r, dict) and r.get("commit")
-        out.append({k: r.get(k) for k in keys} if own else base)
+        row = {k: r.get(k) for k in keys} if own else base
+        if own and "command" not in r and r["commit"] == base["commit"]:
+            row["command"] = base["command"]  # a row from before rows carried a command
+        out.append(row)
     return out or [base]
 
 

@@ -37,10 +37,11 @@ lowest; where the predictor agrees with the segment model, it is the exact optim
 
 Bound. The search judges at most OPTIMAL_PLANS plans, then the nested rounds at most
 NESTED_PLANS more (nested.py), and settles for the best so far, saying so. A count, not a
-time: the same graph gets the same plan on every machine (with a time bound, ResNet-50's plan
-depended on how fast the host judged: 40 to 60 plans, 2.33x to 2.83x fewer activations).
-A wall-clock bound (OPTIMAL_SEARCH_S) remains as a safety net only for graphs far larger than
-ResNet-50; the note says when it, and not the count, ended the search.
+time: a graph gets the same plan on any host of the same kernels, however fast (under a time
+bound the plans judged depended on the host's speed: on ResNet-50 about 60 at c065e19, 40
+and 49 on an AVX2 host, which kept sqrt's plan). A wall-clock bound (OPTIMAL_SEARCH_S)
+remains as a safety net only for graphs far larger than ResNet-50; the note says when it,
+and not the count, ended the search.
 """
 from __future__ import annotations
 
@@ -124,9 +125,11 @@ def search_optimal(fwd: Forward, req: PlanRequest,
             seen[ck, rb] = Judged(ck, extra, peak, model.peak(ck, rb), rb)
         return seen[ck, rb]
 
+    def plans() -> list[Judged]:  # every plan judged within the budget so far
+        return [j for j in seen.values() if j is not None]
+
     def best() -> Judged:
-        found = [j for j in seen.values() if j is not None]
-        return min(found, key=Judged.rank)
+        return min(plans(), key=Judged.rank)
 
     def nested_start() -> Judged:
         """Where the nested rounds move from: of the plans of the lowest prediction, the one
@@ -134,9 +137,8 @@ def search_optimal(fwd: Forward, req: PlanRequest,
         rebuilt ones). On ResNet-50, 24 kept plans tied at the lowest prediction: from
         best()'s (lowest model peak, 7 checkpoints) and from the cheapest, the nested rounds
         found nothing lower; the one of 5 has a nested move 25 MB lower."""
-        found = [j for j in seen.values() if j is not None]
-        return min(found, key=lambda j: (j.predicted_peak_bytes, len(j.checkpoints),
-                                         j.extra_cost))
+        return min(plans(), key=lambda j: (j.predicted_peak_bytes, len(j.checkpoints),
+                                           j.extra_cost))
 
     if consider(()) is None:
         raise ValueError("the predictor cannot predict the training graph's peak")
@@ -169,7 +171,7 @@ def search_optimal(fwd: Forward, req: PlanRequest,
     first = judged
     stopped = nested_rounds(fwd, model, budget, consider, nested_start,
                             lambda: judged - first >= nested_plans or out_of_time()) or stopped
-    found = [j for j in seen.values() if j is not None]
+    found = plans()
     return Search(robust_choice(found, band_ratio), judged, stopped,
                   tuple(sorted(found, key=Judged.rank)), timed_out)
 

@@ -12,17 +12,17 @@ with the `budget` planner at three budgets between the measured `sqrt` and `none
 50% and 90% of the way) and measure each under its budget as a cap (a plan that did not fit
 would fail the run); a budget for which the planner finds no plan that leaves its headroom
 free is a row with the planner's refusal, as a user gets it (when the budget is that close to
-`sqrt`'s peak). The
-step time of every plan is the fastest of its alternating measurements (each a fresh
-process timing STEPS steps, its figure their median), all in one run: on this 2-core VM a
-whole measuring process now and then runs about 1.4-1.8x slow (MobileNetV1's sqrt plan:
-0.086 s, 0.084 s, then 0.060 s a step in three rounds; the patch MobileNet's optimal plan
-12.3 ms in four processes of six and 20-22 ms in two, its `none` 11.3-12.7 ms in all six),
-and noise only adds time. Where `none`'s step is short (under STEPS x SHORT_STEP_S), a
-measurement times more steps (steps_for) and each plan gets SHORT_ROUNDS rounds instead of
-ROUNDS (rounds_for): a round then costs little beyond starting the process, and three rounds
-missed the fast runs of some plan (patch MobileNet's optimal measured 1.37x and 1.49x its
-`none` in two runs). Writes
+`sqrt`'s peak). Every
+export is made first; then ROUNDS rounds each measure every plan once, one after another
+(each measurement a fresh process timing STEPS steps, its figure their median). A plan's
+step time is the fastest of its rounds; its time ratio to `none` (and to `sqrt`) is the
+median over rounds of the ratio within a round (paired_ratio): this host's speed moves for
+minutes at a time (the patch MobileNet's `none` ran 11.3-12.7 ms a step in six processes at
+one time and 16.4-19.8 ms in seven half an hour later), so each plan's fastest compared
+moments apart (its `optimal` plan measured 1.37x and 1.49x, then 0.71x its `none` in three
+runs that way). Where `none`'s step is shorter than SHORT_STEP_S, a measurement times more
+steps (steps_for) and each plan gets SHORT_ROUNDS rounds (rounds_for): a round then costs
+little beyond starting the processes. Writes
 bench/results/recompute.json, the table in docs/recompute.md and
 its guards (issue 41's checks: optimal <= sqrt <= none in measured activations, optimal's
 step time within 1.3x + 5%, its predicted peak's error).
@@ -30,6 +30,7 @@ step time within 1.3x + 5%, its predicted peak's error).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -88,6 +89,33 @@ def fastest(runs: list[dict]) -> float:
     return min(r["step_time_s"] for r in runs)
 
 
+def paired_ratio(times_s: list[float], base_times_s: list[float]) -> tuple[float, list[float]]:
+    """A plan's step time over another's: the median over rounds of the ratio of the two
+    plans' figures in the same round (round k's of each), and those ratios. The plans of a
+    round are measured one after the other, so the host's speed of the moment (which moves
+    for minutes at a time on this VM) cancels; the fastest of each plan compares moments
+    that may be minutes apart."""
+    ratios = [t / b for t, b in zip(times_s, base_times_s)]
+    return statistics.median(ratios), ratios
+
+
+def with_time_ratios(rows: list[dict]) -> list[dict]:
+    """Rows with time_ratio (against `none`), time_vs_sqrt and time_ratio_rounds, from their
+    step_times_s (paired_ratio against the same network's `none` and `sqrt` rows); rows kept
+    from an earlier run are given them anew, so that every row is judged alike."""
+    timed = {(r["network"], r["plan"]): r["step_times_s"] for r in rows if "step_times_s" in r}
+    out = []
+    for r in rows:
+        if "step_times_s" not in r:
+            out.append(r)
+            continue
+        vs_none, rounds = paired_ratio(r["step_times_s"], timed[(r["network"], "none")])
+        vs_sqrt, _ = paired_ratio(r["step_times_s"], timed[(r["network"], "sqrt")])
+        out.append({**r, "time_ratio": round(vs_none, 3), "time_vs_sqrt": round(vs_sqrt, 3),
+                    "time_ratio_rounds": [round(x, 3) for x in rounds]})
+    return out
+
+
 def predicted_time_ratio(art: Path) -> float:
     """The step-time model's ratio of the artifact's step with its recompute copies to the
     step without them (what `optimal`'s budget bounds), on its training graph as shipped."""
@@ -111,12 +139,12 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
     plans = {p: {"art": tmp / f"{net}-{p}", "budget": None} for p in FIXED_PLANS}
     for name, p in plans.items():
         p["manifest"] = export(p["art"], net, name)
-    first_s = measure(plans["none"]["art"], None)["step_time_s"]
-    steps, rounds = steps_for(first_s), rounds_for(first_s)
-    for p in plans.values():
-        p["runs"] = [measure(p["art"], None, steps)]
-    none_peak = plans["none"]["runs"][0]["peak_bytes"]
-    sqrt_peak = plans["sqrt"]["runs"][0]["peak_bytes"]
+    # a first measurement of none and sqrt, before the rounds: the steps and rounds to time,
+    # and the peaks the budgets lie between (a plan's peak is the same in every run)
+    first = {p: measure(plans[p]["art"], None) for p in ("none", "sqrt")}
+    steps, rounds = (steps_for(first["none"]["step_time_s"]),
+                     rounds_for(first["none"]["step_time_s"]))
+    none_peak, sqrt_peak = first["none"]["peak_bytes"], first["sqrt"]["peak_bytes"]
     refused = []
     for f in BUDGET_FRACTIONS if net in BUDGET_NETWORKS else ():
         budget = int(sqrt_peak + f * (none_peak - sqrt_peak))
@@ -127,18 +155,16 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
             refused.append({"network": net, "plan": name, "batch": BATCH,
                             "budget_bytes": budget, "refused": manifest})
             continue
-        plans[name] = {"art": art, "budget": budget, "manifest": manifest,
-                       "runs": [measure(art, budget, steps)]}
-    for _ in range(rounds - 1):  # alternate, so drifts in machine load hit every plan alike
+        plans[name] = {"art": art, "budget": budget, "manifest": manifest}
+    for p in plans.values():
+        p["runs"] = []
+    for _ in range(rounds):  # every export done: a round measures the plans one after another
         for p in plans.values():
             p["runs"].append(measure(p["art"], p["budget"], steps))
     base = plans["none"]["runs"][0]
-    base_time = fastest(plans["none"]["runs"])
-    sqrt_time = fastest(plans["sqrt"]["runs"])
     rows = []
     for name, p in plans.items():
         r = p["runs"][0]
-        t = fastest(p["runs"])
         rows.append({
             "network": net, "plan": name, "batch": BATCH, "budget_bytes": p["budget"],
             "checkpoints": len(p["manifest"]["plan"]["checkpoints"]),
@@ -154,10 +180,11 @@ def bench_network(tmp: Path, net: str) -> list[dict]:
             "activation_cut_ratio": round(base["breakdown"]["activations"]
                                           / r["breakdown"]["activations"], 3),
             "predicted_time_ratio": round(predicted_time_ratio(p["art"]), 3),
-            "steps": steps, "step_time_s": round(t, 4),
-            "step_times_s": [x["step_time_s"] for x in p["runs"]],
-            "time_ratio": round(t / base_time, 3), "time_vs_sqrt": round(t / sqrt_time, 3)})
-        print(json.dumps(rows[-1]), flush=True)
+            "steps": steps, "step_time_s": round(fastest(p["runs"]), 4),
+            "step_times_s": [x["step_time_s"] for x in p["runs"]]})
+    rows = with_time_ratios(rows)
+    for row in rows:
+        print(json.dumps(row), flush=True)
     order = [*FIXED_PLANS, *(f"budget@{f:.0%}" for f in BUDGET_FRACTIONS)]
     return sorted(rows + refused, key=lambda r: order.index(r["plan"]))
 
@@ -231,7 +258,7 @@ def measure_all(heavy: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for net in part(NETWORKS, heavy):
             rows += bench_network(Path(tmp), net)
-    rows += kept_rows("recompute", heavy, network_of)
+    rows += with_time_ratios(kept_rows("recompute", heavy, network_of))
     return sorted(rows, key=lambda r: NETWORKS.index(r["network"]))
 
 

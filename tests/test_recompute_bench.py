@@ -1,6 +1,7 @@
 """bench/recompute.py's table: a budget the planner refuses is a row of its own."""
 from __future__ import annotations
 
+import statistics
 import sys
 
 from conftest import ROOT
@@ -48,3 +49,23 @@ def test_guards_flag_an_unordered_network_and_an_optimal_plan_over_its_time():
     bad[2]["predicted_time_ratio"] = 1.284
     assert "| 1.36x **over** | 1.28x | +0.0% |" in recompute.guard_table(bad)
     assert recompute.guards(bad[:2]) == []  # no optimal row: nothing to guard
+
+
+def test_time_ratios_pair_each_round_with_nones_and_sqrts_of_the_same_round():
+    # none is fast in round 1 only, optimal in round 2 only: the fastest over the fastest
+    # would say 1.5 / 1.0 = 1.5x; round by round optimal takes 1.1x, 0.75x, 1.1x none's time
+    rows = [{"network": "n", "plan": "none", "step_times_s": [1.0, 2.0, 2.0]},
+            {"network": "n", "plan": "sqrt", "step_times_s": [1.2, 2.4, 2.0]},
+            {"network": "n", "plan": "optimal", "step_times_s": [1.1, 1.5, 2.2]},
+            {"network": "n", "plan": "budget@10%", "refused": "no plan"}]
+    out = recompute.with_time_ratios(rows)
+    opt = out[2]
+    assert opt["time_ratio_rounds"] == [1.1, 0.75, 1.1] and opt["time_ratio"] == 1.1
+    assert opt["time_vs_sqrt"] == round(statistics.median([1.1 / 1.2, 1.5 / 2.4, 1.1]), 3)
+    assert out[0]["time_ratio"] == 1.0 and out[3] == rows[3]  # a refusal has no times
+    assert "time_ratio" not in rows[2]  # the rows given are left as they were
+
+
+def test_short_steps_get_more_rounds():
+    assert recompute.rounds_for(recompute.SHORT_STEP_S) == recompute.ROUNDS
+    assert recompute.rounds_for(recompute.SHORT_STEP_S / 10) == recompute.SHORT_ROUNDS

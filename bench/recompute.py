@@ -130,8 +130,8 @@ def steps_for(step_time_s: float) -> int:
 
 
 def rounds_for(step_time_s: float) -> int:
-    """Alternating rounds per plan: ROUNDS, or SHORT_ROUNDS where `none`'s step is short (a
-    round is then mostly the process's start, and a plan needs one fast run)."""
+    """Rounds per plan: ROUNDS, or SHORT_ROUNDS where `none`'s step is short (a round is
+    then mostly the processes' start, and a short step's paired ratios spread the most)."""
     return ROUNDS if step_time_s >= SHORT_STEP_S else SHORT_ROUNDS
 
 

@@ -52,8 +52,8 @@ def test_guards_flag_an_unordered_network_and_an_optimal_plan_over_its_time():
 
 
 def test_time_ratios_pair_each_round_with_nones_and_sqrts_of_the_same_round():
-    # none is fast in round 1 only, optimal in round 2 only: the fastest over the fastest
-    # would say 1.5 / 1.0 = 1.5x; round by round optimal takes 1.1x, 0.75x, 1.1x none's time
+    # the host is fast in round 1 only: round by round optimal takes 1.1x, 0.75x and 1.1x
+    # none's time, and the ratio is their median; a refused budget row has no times
     rows = [{"network": "n", "plan": "none", "step_times_s": [1.0, 2.0, 2.0]},
             {"network": "n", "plan": "sqrt", "step_times_s": [1.2, 2.4, 2.0]},
             {"network": "n", "plan": "optimal", "step_times_s": [1.1, 1.5, 2.2]},

@@ -72,12 +72,19 @@ def without_identities(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[st
     return m, renamed
 
 
-def ancestors(targets: list[str], nodes: list, stop=lambda node: False) -> list | None:
+def producers(nodes: list) -> dict[str, int]:
+    """tensor -> the index in `nodes` of the node that makes it."""
+    return {o: k for k, n in enumerate(nodes) for o in n.output if o}
+
+
+def ancestors(targets: list[str], nodes: list, stop=lambda node: False,
+              producer: dict[str, int] | None = None) -> list | None:
     """The nodes of `nodes` that compute `targets`, producers first, in `nodes`' own relative
     order where it is topological and depth-first post-order otherwise (recompute copies are
     appended at a graph's end). stop(node) -> True: the walk may not pass that node; then
-    None is returned."""
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    None is returned. producer: producers(nodes), for a caller that walks the same nodes
+    many times (each call would build it again: 2 ms on ResNet-50's training graph)."""
+    producer = producers(nodes) if producer is None else producer
     kept, stack = set(), list(targets)
     while stack:
         k = producer.get(stack.pop())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from edgetrain import names
+from exporters.graph import ancestors, producers
 from exporters.plans.recompute import rematerialize_weights
 
 
@@ -47,3 +48,18 @@ def test_a_view_whose_readers_only_read_what_comes_from_it_is_left_alone():
     m = helper.make_model(g)
     assert rematerialize_weights(m) == ()
     assert not any(n.op_type == "PassThrough" for n in m.graph.node)
+
+
+def test_ancestors_with_a_prebuilt_producer_map_walk_the_same_nodes():
+    """remat.py walks one graph once per computed weight with one producer map: the walk is
+    the one that builds its own map, stops included."""
+    nodes = [helper.make_node("Mul", ["w", "s"], ["wf"], name="fold"),
+             helper.make_node("Neg", ["wf"], ["wn"], name="neg"),
+             helper.make_node("MatMul", [names.INPUT_NAME, "wn"], ["y"], name="fwd"),
+             helper.make_node("Add", ["wn", "y"], ["z"], name="late")]
+    index = producers(nodes)
+    for targets in (["wn"], ["z"], ["wf", "y"]):
+        assert ([n.name for n in ancestors(targets, nodes, producer=index)]
+                == [n.name for n in ancestors(targets, nodes)])
+    assert [n.name for n in ancestors(["wn"], nodes, producer=index)] == ["fold", "neg"]
+    assert ancestors(["z"], nodes, stop=lambda n: n.name == "fwd", producer=index) is None

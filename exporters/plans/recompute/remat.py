@@ -29,8 +29,7 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
     nodes = list(m.graph.node)
     graph_inputs = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
     fed = {i.name for i in m.graph.input}  # trainable values, frozen positions (not constants)
-    producer = {o: n for n in nodes for o in n.output if o}
-    index = producers(nodes)  # one map for every chain's walk
+    producer = producers(nodes)  # one map for every chain's walk
     late_nodes = [n for n in nodes if is_backward(n) or names.is_recompute_name(n.name)
                   or n.op_type == "PassThrough"]
     late = {o for n in late_nodes for o in n.output if o}
@@ -39,7 +38,7 @@ def rematerialize_weights(m: onnx.ModelProto, masked_only: bool = False) -> tupl
     def chain(t: str) -> list | None:
         """Nodes that build t from graph inputs alone (None if it depends on the data)."""
         found = ancestors([t], nodes, stop=lambda n: n.name in late_names
-                          or names.INPUT_NAME in n.input, producer=index)
+                          or names.INPUT_NAME in n.input, producer=producer)
         if found is None:
             return None
         made = {o for n in found for o in n.output}

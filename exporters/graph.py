@@ -24,7 +24,7 @@ def execution_order(nodes: list[onnx.NodeProto]) -> list[int]:
     index, post-order; here the indices are the nodes' positions in `nodes`, not ORT's
     in-memory ones, so on an optimised graph it is an approximation (the predictor takes
     ORT's order from the graph ORT writes: exporters/predictor/plan.py)."""
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    producer = producers(nodes)
     inputs_of = [sorted({producer[x] for x in n.input if x in producer}) for n in nodes]
     has_consumer = set(j for deps in inputs_of for j in deps)
     leaves = [i for i in range(len(nodes)) if i not in has_consumer]

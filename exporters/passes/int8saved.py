@@ -46,7 +46,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgetrain import names
-from exporters.graph import declare_like, ensure_ms_domain, is_backward, stated_shapes
+from exporters.graph import declare_like, ensure_ms_domain, is_backward, producers, stated_shapes
 from exporters.passes.pipeline import Context, Graphs, Pass
 
 SHAPE_READERS = ("Shape", "Size")
@@ -56,7 +56,7 @@ def quantize_saved_activations(model: onnx.ModelProto) -> list[str]:
     """Rewrite `model` (ORT's training graph) in place; returns the tensors now saved in 8 bits."""
     g = model.graph
     nodes = list(g.node)
-    produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    produced = producers(nodes)
     backward_made = {o for n in nodes if is_backward(n) for o in n.output if o}
     shapes = stated_shapes(model)
     graph_outputs = {o.name for o in g.output}

@@ -45,9 +45,12 @@ def test_guards_flag_an_unordered_network_and_an_optimal_plan_over_its_time():
     g = recompute.guards(bad)[0]
     assert not g["ordered"] and not g["within_time"]
     lines = recompute.guard_table(bad).splitlines()
-    assert lines[-1] == "| n | 300 | 200 | 210 | **no** | 1.36x **over** | - | +0.0% |"
+    assert lines[-1] == "| n | 300 | 200 | 210 | **no** | 1.36x **over** | - | +0.0% | - |"
     bad[2]["predicted_time_ratio"] = 1.284
     assert "| 1.36x **over** | 1.28x | +0.0% |" in recompute.guard_table(bad)
+    for r, quiet in zip(bad, ([True, True], [True, False], [True, True])):
+        r["host_load_runs"] = [{"quiet": q} for q in quiet]
+    assert recompute.guard_table(bad).splitlines()[-1].endswith("| +0.0% | 1 of 6 |")
     assert recompute.guards(bad[:2]) == []  # no optimal row: nothing to guard
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import onnx
 
 from common import ROOT, measure_or_report, replace_table, stamp
+from hostload import run_quiet
 from recompute import BATCH, FIXED_PLANS, export
 from edgetrain.names import FILES, TRAINING_MODEL
 from exporters.predictor.cost import node_costs
@@ -72,9 +73,12 @@ print(json.dumps(times[warmup:]))
 
 def child(art: Path, mode: str) -> list[float]:
     """Run PROFILER on artifact `art` (mode: a profile file prefix, or "-" to time unprofiled
-    steps); the seconds of its steps after WARMUP."""
-    p = subprocess.run([sys.executable, "-c", PROFILER, str(art), mode, str(WARMUP + RUNS),
-                        str(WARMUP)], capture_output=True, text=True, cwd=ROOT)
+    steps); the seconds of its steps after WARMUP. Run while the host is quiet
+    (hostload.run_quiet: a run that other processes shared the cores with is made again), as
+    the fit is what the exporter plans with."""
+    p, _ = run_quiet(lambda: subprocess.run(
+        [sys.executable, "-c", PROFILER, str(art), mode, str(WARMUP + RUNS), str(WARMUP)],
+        capture_output=True, text=True, cwd=ROOT))
     if p.returncode != 0:
         raise SystemExit(f"profiling {art.name} failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -26,6 +26,14 @@ def run(*args: str) -> str:
     return p.stdout
 
 
+def run_timed(*args: str) -> str:
+    """run(), for a command whose step time a table shows: made again, up to 3 tries, where
+    other processes shared the host with it (hostload.run_quiet)."""
+    from hostload import run_quiet
+
+    return run_quiet(lambda: run(*args))[0]
+
+
 def run_warm(*args: str) -> str:
     """run(), the command forked from a warm process instead of a fresh Python
     (device_sim/warmcli.py): for benches that run thousands of short device commands."""

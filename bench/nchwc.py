@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from common import ROOT, measure_or_report, replace_table, run
+from common import ROOT, measure_or_report, replace_table, run, run_timed
 from nodetimer import time_model
 from exporters.passes.nchwc import host_block, rewrite_depthwise_nchwc
 from exporters.predictor.shapes import tensor_shapes
@@ -84,9 +84,9 @@ def step_rows() -> list[dict]:
         peaks = {}
         for _ in range(ROUNDS):
             for (flag, batch), got in times.items():
-                d = json.loads(run("measure", str(arts[flag]), "--batch", str(batch),
-                                   "--accumulate", str(1568 // batch), "--steps", str(STEPS),
-                                   "--no-select", "--json"))
+                d = json.loads(run_timed("measure", str(arts[flag]), "--batch", str(batch),
+                                         "--accumulate", str(1568 // batch), "--steps",
+                                         str(STEPS), "--no-select", "--json"))
                 got.append(d["step_time_s"])
                 peaks[(flag, batch)] = (d["peak_bytes"], d["predicted_peak_bytes"])
                 print(flag, batch, round(got[-1], 2), flush=True)

@@ -28,7 +28,8 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import ROOT, load_results, replace_table, run, save_results, stamp, step_table
+from common import (ROOT, load_results, replace_table, run, run_timed, save_results, stamp,
+                    step_table)
 
 from heavy import HEAVY_HELP, is_heavy, kept_rows, part, why_mixed
 from stack_config import DENSITY, EFFECTIVE_BATCH, STACK
@@ -54,7 +55,7 @@ def measured_step(art: Path, batch: int, accumulation: int, steps: int,
                   device: str | None = None) -> dict:
     args = ["measure", str(art), "--batch", str(batch), "--accumulate", str(accumulation),
             "--steps", str(steps), "--no-select", "--json"]
-    return json.loads(run(*args, *(["--device", device] if device else [])))
+    return json.loads(run_timed(*args, *(["--device", device] if device else [])))
 
 
 def predicted_step_s(art: Path, batch: int, accumulation: int) -> float:

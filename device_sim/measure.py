@@ -63,14 +63,36 @@ class Measurement:
         return asdict(self)
 
 
+def check_settings(batch: int, budget_bytes: int | None, accumulation: int, steps: int,
+                   threads: int | None) -> None:
+    """Refuse settings a measurement cannot run with (ValueError naming the value and the
+    fix), before any process starts: 0 is no setting here (a budget of 0 is not uncapped,
+    nor 0 threads the plan's)."""
+    from edgetrain.sessions import MAX_THREADS
+
+    if batch <= 0:
+        raise ValueError(f"batch must be a positive number of samples, got {batch}")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be above 0, got {budget_bytes}; give None to "
+                         "measure uncapped")
+    if accumulation < 1:
+        raise ValueError(f"accumulate must be at least 1 micro-batch a step, got "
+                         f"{accumulation}")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (the optimizer steps timed), got {steps}")
+    if threads is not None and not 0 < threads <= MAX_THREADS:
+        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
+                         f"{MAX_THREADS} (a watch has 2 to 8 cores): give --threads 1 or 2, "
+                         "or leave it out for the artifact's plan")
+
+
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,
             accumulation: int = 1, steps: int = 3, threads: int | None = None,
             timeout_s: float = 1800, select: bool = True, adapt: str = "none") -> Measurement:
     """Run the probe in a child process and read its allocator log. Raises BudgetError."""
     from edgetrain.budget import BudgetError
 
-    if batch <= 0:
-        raise ValueError(f"batch must be a positive number of samples, got {batch}")
+    check_settings(batch, budget_bytes, accumulation, steps, threads)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "ort.log"
         cmd = [sys.executable, "-m", "device_sim.measure", str(artifact), str(batch),

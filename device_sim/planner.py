@@ -24,6 +24,7 @@ from device_sim.hostprofile import HostSpeed, host_speed
 from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
+from edgetrain.sessions import MAX_THREADS
 from exporters.predictor.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
 from exporters.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
@@ -115,8 +116,12 @@ def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = 
     """The fastest plan that fits `budget_bytes`, confirmed by capped runs; progress(text):
     told as each capped run starts."""
     m = load_manifest(artifact)
-    threads = threads or m.plan.threads
-    n = effective_batch or m.plan.micro_batch * m.plan.accumulation_steps
+    threads = m.plan.threads if threads is None else threads
+    if not 0 < threads <= MAX_THREADS:
+        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
+                         f"{MAX_THREADS}: give 1 or 2, or None for the artifact's plan")
+    n = (m.plan.micro_batch * m.plan.accumulation_steps if effective_batch is None
+         else effective_batch)
     if n <= 0:
         raise ValueError(f"effective batch must be a positive number of items, got {n}")
     speed = speed or host_speed(threads)

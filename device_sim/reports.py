@@ -41,7 +41,7 @@ def measure_report(artifact: str | Path, batch: int, *, device: str | None = Non
     micro-batches a step sums (None: the plan's; it also groups the statistics pass's batches).
     Raises BudgetError (does not fit), ArtifactError or ValueError (bad input)."""
     manifest = load_manifest(artifact)
-    accumulate = accumulate or manifest.plan.accumulation_steps
+    accumulate = manifest.plan.accumulation_steps if accumulate is None else accumulate
     r = measure(artifact, batch, budget_bytes, accumulate, steps, threads, select=select,
                 adapt=adapt)
     stats = replays_batchnorm(manifest, adapt)

@@ -36,8 +36,9 @@ _OPENED = False  # the env arena is per process: one runtime per process
 
 
 def runtime_threads(manifest: Manifest, threads: int | None = None) -> int:
-    """The intra-op thread count a runtime uses: the caller's, else the plan's."""
-    return threads or manifest.plan.threads
+    """The intra-op thread count a runtime uses: the caller's, else (None) the plan's. A
+    count of 0 is the caller's too, and session_options refuses it."""
+    return manifest.plan.threads if threads is None else threads
 
 
 class DeviceRuntime:

@@ -144,3 +144,39 @@ def test_a_budget_that_fails_while_loading_is_a_budget_error(tmp_path, tiny_arti
     assert "loading the artifact needs more memory than the budget" in r.stderr
     assert f"At micro-batch {m.plan.micro_batch}" in r.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (("measure", "--batch", "8", "--steps", "0"), "steps must be at least 1"),
+    (("measure", "--batch", "8", "--accumulate", "0"), "accumulate must be at least 1"),
+    (("measure", "--batch", "8", "--threads", "0"), "threads is 0"),
+    (("personalise", "--threads", "0"), "threads is 0"),
+    (("personalise", "--mask-end", "0.5"), "--mask-end does nothing without --mask-update"),
+])
+def test_a_zero_or_an_unused_setting_is_refused_not_ignored(tmp_path, tiny_artifact, npz,
+                                                            args, words):
+    """0 steps once measured nothing and printed a step time of NaN (invalid JSON); 0
+    threads or 0 micro-batches a step silently meant the plan's; a mask option without a
+    mask updater silently did nothing. Each is bad input now: exit 2, the same words as
+    JSON under --json, and no run folder."""
+    cmd, *rest = args
+    extra = (["--data", npz / "train.npz", "--budget", "4MiB", "--out", tmp_path / "run"]
+             if cmd == "personalise" else [])
+    r = cli(cmd, tiny_artifact, *extra, *rest, "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    err = json.loads(r.stdout)
+    assert err["exit_status"] == 2 and words in err["error"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_measure_refuses_what_it_cannot_run_before_starting_a_process():
+    from device_sim.measure import check_settings
+
+    check_settings(8, None, 1, 1, None)  # the plan's threads, uncapped: fine
+    for bad, words in [(dict(batch=0), "batch must be"), (dict(budget_bytes=0), "budget_bytes"),
+                       (dict(accumulation=0), "accumulate must"), (dict(steps=0), "steps must"),
+                       (dict(threads=0), "threads is 0"), (dict(threads=65), "threads is 65")]:
+        settings = {"batch": 8, "budget_bytes": None, "accumulation": 1, "steps": 1,
+                    "threads": None, **bad}
+        with pytest.raises(ValueError, match=words):
+            check_settings(**settings)

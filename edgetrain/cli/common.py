@@ -131,8 +131,11 @@ def exit_on_device_errors():
     except OSError as e:  # a read or write the steps above did not expect
         fail(f"I/O error: {e}; nothing already saved was changed. Check the disk and the "
              "paths given, then run again (with --resume if a run had started)", EXIT_DISK)
-    except click.ClickException:
-        raise  # usage errors: click prints them, exit status 2
+    except click.ClickException as e:  # usage errors: click prints them, exit status 2
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and ctx.meta.get(JSON_META):  # and a script reads them on stdout
+            click.echo(json.dumps({"error": e.format_message(), "exit_status": e.exit_code}))
+        raise
     except Exception as e:
         if os.environ.get("EDGETRAIN_DEBUG"):
             raise
@@ -157,6 +160,20 @@ def budget_advice(artifact, micro_batch: int | None = None, threads: int | None 
         raise BudgetError(str(told).replace("--micro-batch", batch_option), told.budget_bytes,
                           told.needed_bytes, told.micro_batch, told.threads,
                           told.predicted) from e
+
+
+def refuse_unused(params: tuple[str, ...], needs: str) -> None:
+    """A usage error (exit 2) when the command line gave one of the current command's
+    `params` where it does nothing without `needs` (e.g. --mask-every without --mask-update):
+    a setting silently ignored is a run the user did not ask for. Values from the
+    environment (EDGETRAIN_<COMMAND>_<OPTION>) may be set for every run, so they pass."""
+    ctx = click.get_current_context()
+    given = [p for p in params
+             if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        opts = ", ".join("--" + p.replace("_", "-") for p in given)
+        raise click.UsageError(f"{opts} does nothing without {needs}: add it, or leave "
+                               f"{opts} out")
 
 
 def mib(n: int | None) -> str:

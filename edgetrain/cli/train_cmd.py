@@ -10,7 +10,7 @@ import numpy as np
 from device_sim.profiles import PROFILES
 from edgetrain.cli.common import (Bytes, Progress, budget_advice, check_target,
                                   exit_on_device_errors, fixed_address_layout, json_option,
-                                  mib, resolve_budget)
+                                  mib, refuse_unused, resolve_budget)
 from edgetrain import signing
 from edgetrain.datasets import DATASETS, PROTOCOL_LABELS, PROTOCOLS
 from edgetrain.intervals import UserTest, gain_interval
@@ -140,6 +140,8 @@ def personalise(artifact, user, dataset, protocol, data_file, test_file, device,
         d = user_split(artifact, user, data_file, test_file,
                        val_fraction if select else None, val_file if select else None,
                        dataset, protocol)
+        if not mask_update:
+            refuse_unused(("mask_every", "drop_fraction", "mask_end"), "--mask-update rigl|set")
         masks = (MaskSchedule(mask_update, mask_every, drop_fraction, mask_end)
                  if mask_update else None)
         if mask_update and UPDATERS[mask_update].needs_dense_grad and not as_json:

@@ -253,8 +253,9 @@ def load_manifest(folder: str | os.PathLike, verify: bool = True) -> Manifest:
     folder = Path(folder)
     path = folder / MANIFEST_NAME
     if not folder.is_dir():
-        raise ArtifactError(f"artifact folder {str(folder)!r} does not exist; "
-                            "create one with `edgetrain export --out DIR`")
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ArtifactError(f"artifact folder {str(folder)!r} {what}; give the folder "
+                            "`edgetrain export --out DIR` wrote (or create one with it)")
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {folder} is not an edgetrain artifact; "
                             "create one with `edgetrain export --out DIR`")

@@ -180,3 +180,9 @@ def test_measure_refuses_what_it_cannot_run_before_starting_a_process():
                     "threads": None, **bad}
         with pytest.raises(ValueError, match=words):
             check_settings(**settings)
+
+
+def test_a_file_given_as_the_artifact_is_named_as_a_file(tiny_artifact):
+    r = cli("measure", tiny_artifact / "manifest.json", "--batch", "8")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "is a file, not a folder" in r.stderr

@@ -36,7 +36,7 @@ def measure(art) -> dict:
 # residual, MLP, recurrent, attention); these run in the end-to-end tier (CI runs both), to
 # keep `make test` under 10 minutes on 2 cores.
 SLOW_CASES = {"moe_transformer", "mha_embedding", "transformer_encoder", "cnn1d_activations",
-              "norms_activations", "lstm"}
+              "norms_activations", "lstm", "tcn_same_padding"}
 
 
 @pytest.fixture(scope="module", params=[

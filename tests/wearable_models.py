@@ -120,6 +120,10 @@ CASES: dict[str, Case] = {
     "cnn1d_depthwise_dilated": Case(lambda: Classify(nn.Sequential(
         nn.Conv1d(6, 6, 3, padding=2, dilation=2, groups=6), nn.ReLU6(), nn.Conv1d(6, 8, 1),
         nn.Hardswish(), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1)), 8), (6, 32), "CT", True),
+    "tcn_same_padding": Case(lambda: Classify(nn.Sequential(  # padding="same" exports SAME,
+        nn.Conv1d(6, 8, 3, padding="same", dilation=2), nn.ReLU(),  # which ORT's Conv refuses
+        nn.Conv1d(8, 8, 4, padding="same", dilation=4), nn.SiLU(),  # with a dilation
+        nn.AdaptiveAvgPool1d(1)), 8), (6, 32), "CT", True),
     "cnn1d_activations": Case(lambda: Classify(nn.Sequential(  # ELU, PReLU, SELU, CELU and
         nn.Conv1d(6, 8, 3, padding=1), nn.ELU(0.5), nn.Conv1d(8, 8, 3), nn.PReLU(8),
         nn.Conv1d(8, 8, 1), nn.SELU(), nn.Conv1d(8, 8, 1), nn.CELU(2.0),  # global max pooling

@@ -14,13 +14,14 @@ rewrite of a ConvGrad. `describe()` prints the table docs/concepts.md draws.
 """
 from __future__ import annotations
 
-from exporters.passes import (batchnormstats, convbn, densebuild, depthwisegrad, evalfixes,
-                              frozenconvgrad, int8saved, maskgrad, nchwc, pointwisegrad,
-                              recompute, recurrentgrads, relugrad, scatterindices, sparsegrad,
-                              stackedgrad, weightgradshapes)
+from exporters.passes import (batchnormstats, convbn, convpads, densebuild, depthwisegrad,
+                              evalfixes, frozenconvgrad, int8saved, maskgrad, nchwc,
+                              pointwisegrad, recompute, recurrentgrads, relugrad,
+                              scatterindices, sparsegrad, stackedgrad, weightgradshapes)
 from exporters.passes.pipeline import Context, Graphs, Pass, run_passes
 
 FORWARD_PASSES: tuple[Pass, ...] = (
+    convpads.PASS,
     convbn.PASS,
     scatterindices.PASS,
 )

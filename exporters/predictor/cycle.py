@@ -25,7 +25,13 @@ holds at the end is the most the cycle needed (scratch.RegionArena models it). T
    convolution buffer, one sample's activations) take arena space, in the regions the cycle
    left free, or grow it.
 
-Later statistics passes and steps repeat the same requests into the same regions. The side
+Steps and eval passes then alternate, and a later one can need a region the first did not:
+each starts with every region the one before it made free, and best fit then places its
+requests differently (a padded 1-D CNN's second step took a 51,200-byte region more; the patch
+MobileNet at micro-batch 8 grew by 4,096 bytes in each of its first four steps). So the step
+and the eval pass are replayed in turn until a round of both grows the arena no more (at most
+STEADY_ROUNDS): a round that takes no new region ends with the arena as it began, so every
+later one repeats it. Later statistics passes repeat the first one's requests. The side
 graph's plan is ORT's default reuse plan (on outside training) in ORT's order, which runs a
 Shape node just after its input's producer: a statistics graph reads each layer's input
 again only for its Shape, at its end, and the allocator measured the input freed after its
@@ -43,6 +49,7 @@ from exporters.predictor.scratch import RegionArena, replay, run_sizes
 from exporters.predictor.shapes import Shapes, initializer_bytes
 
 INFERENCE_BATCH = 1  # the inference check runs one sample at a time (edgetrain/inference.py)
+STEADY_ROUNDS = 16  # step + eval rounds replayed at most to reach the arena's steady state
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,12 @@ def cycle_activation_bytes(train: Run, eval_pass: Run, threads: int, state_chunk
     if side is not None:
         side_constants = _open(arena, side, "side")
         replay(arena, side.path, threads, side.plan, side.sizes)
-    for run in (train, eval_pass):
-        _step(arena, run, threads)
+    for _ in range(STEADY_ROUNDS):  # steps and eval passes in turn, to the arena's steady state
+        before = len(arena.regions)
+        for run in (train, eval_pass):
+            _step(arena, run, threads)
+        if len(arena.regions) == before:
+            break
     if inference is not None:
         for name in [*side_constants, *(f"state{k}" for k in range(len(state_chunks)))]:
             arena.free(name)

@@ -52,8 +52,8 @@ def explicit_conv_pads(model: onnx.ModelProto) -> int:
     if not todo:
         return 0
     shapes = stated_shapes(model)
-    if any(attributes(n).get("strides", [1]) != [1] * len(attributes(n).get("strides", [1]))
-           for n in todo):  # sizes matter: infer them (the sample shape is fixed)
+    if any(s != 1 for n in todo for s in attributes(n).get("strides", [])):
+        # a stride above 1: the sizes matter, so infer them (the sample shape is fixed)
         shapes = stated_shapes(onnx.shape_inference.infer_shapes(model))
     changed = 0
     for n in todo:

@@ -68,7 +68,7 @@ def check_settings(batch: int, budget_bytes: int | None, accumulation: int, step
     """Refuse settings a measurement cannot run with (ValueError naming the value and the
     fix), before any process starts: 0 is no setting here (a budget of 0 is not uncapped,
     nor 0 threads the plan's)."""
-    from edgetrain.sessions import MAX_THREADS
+    from edgetrain.sessions import check_threads
 
     if batch <= 0:
         raise ValueError(f"batch must be a positive number of samples, got {batch}")
@@ -80,10 +80,8 @@ def check_settings(batch: int, budget_bytes: int | None, accumulation: int, step
                          f"{accumulation}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (the optimizer steps timed), got {steps}")
-    if threads is not None and not 0 < threads <= MAX_THREADS:
-        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
-                         f"{MAX_THREADS} (a watch has 2 to 8 cores): give --threads 1 or 2, "
-                         "or leave it out for the artifact's plan")
+    if threads is not None:
+        check_threads(threads)
 
 
 def measure(artifact: str | os.PathLike, batch: int, budget_bytes: int | None = None,

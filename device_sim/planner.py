@@ -24,7 +24,7 @@ from device_sim.hostprofile import HostSpeed, host_speed
 from device_sim.measure import measure
 from edgetrain.budget import BudgetError
 from edgetrain.manifest import load_manifest
-from edgetrain.sessions import MAX_THREADS
+from edgetrain.sessions import check_threads
 from exporters.predictor.cost import ADAMW_BYTES_PER_VALUE, ADAMW_FLOPS_PER_VALUE, node_costs
 from exporters.graph import attributes, load_graph
 from exporters.predictor import predict_manifest
@@ -117,9 +117,7 @@ def plan(artifact: str | Path, budget_bytes: int, effective_batch: int | None = 
     told as each capped run starts."""
     m = load_manifest(artifact)
     threads = m.plan.threads if threads is None else threads
-    if not 0 < threads <= MAX_THREADS:
-        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
-                         f"{MAX_THREADS}: give 1 or 2, or None for the artifact's plan")
+    check_threads(threads)
     n = (m.plan.micro_batch * m.plan.accumulation_steps if effective_batch is None
          else effective_batch)
     if n <= 0:

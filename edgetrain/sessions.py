@@ -30,6 +30,15 @@ DISABLED_OPTIMIZERS = ("ConstantFolding",)
 DISABLED_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
 
 
+def check_threads(threads: int) -> None:
+    """Refuse an intra-op thread count ORT should not be given (ValueError with the fix);
+    None (the artifact's plan) is for the caller to resolve first."""
+    if not 0 < threads <= MAX_THREADS:
+        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
+                         f"{MAX_THREADS} (a watch has 2 to 8 cores): give --threads 1 or 2, "
+                         "or leave it out for the artifact's plan")
+
+
 def session_options(ort, threads: int, memory_pattern: bool = True):
     """SessionOptions for every session the runtime opens (training, side graphs, inference).
 
@@ -43,9 +52,7 @@ def session_options(ort, threads: int, memory_pattern: bool = True):
     are suppressed: its errors reach the user translated (e.g. a BudgetError naming the
     bytes); EDGETRAIN_ORT_LOG_LEVEL=0..3 shows them for debugging. Constant folding is off
     (DISABLED_OPTIMIZERS)."""
-    if not 0 < threads <= MAX_THREADS:
-        raise ValueError(f"threads is {threads}; ORT's intra-op threads must be 1 to "
-                         f"{MAX_THREADS} (a watch has 2 to 8 cores): give --threads 1 or 2")
+    check_threads(threads)
     so = ort.SessionOptions()
     so.add_session_config_entry("session.use_env_allocators", "1")
     so.add_session_config_entry("session.disable_prepacking", "1")
